@@ -1,0 +1,1 @@
+"""Canonical actions, coordinate spaces, parse errors, and the model dialects."""

@@ -1,0 +1,1 @@
+"""Environments behind one async protocol."""

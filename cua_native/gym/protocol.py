@@ -1,0 +1,146 @@
+"""The async environment protocol (``specs/gym_protocol.md``).
+
+A ``Gym`` hands out tasks and starts ``Execution``s; an ``Execution`` is one live environment
+that is observed, acted on with canonical actions, evaluated and closed. Every implementation
+(embedded simulator, HTTP client, ADB device) puts a timeout on every call and makes ``close``
+idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cua_native.actions.models import Action
+
+
+class Task(BaseModel):
+    """A gym task. Unknown fields are kept and passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    name: str = ""
+    instruction: str = ""
+    description: str = ""
+    tags: list[str] = Field(default_factory=list)
+    max_steps: int | None = None
+    app: str | None = None
+    difficulty: str | None = None
+    category: str | None = None
+    validation: Any = None
+
+    @property
+    def prompt_text(self) -> str:
+        """What the agent is told: the instruction, falling back to the description."""
+        return self.instruction or self.description or self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Screenshot:
+    """A screenshot as the environment gave it: inline PNG/JPEG bytes or an (allow-listed) URL."""
+
+    png: bytes | None = None
+    url: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.png is None) == (self.url is None):
+            raise ValueError("a Screenshot has exactly one of png bytes or url")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    screenshot: Screenshot
+    width: int
+    height: int
+    turn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The outcome of ``Execution.act``. ``ok=False`` means the action was refused, not a crash."""
+
+    ok: bool
+    error: str | None = None
+    observation: Observation | None = None
+    feedback: str | None = None
+    """Text for the model's next turn (a reply to ``ask_user``, an MCP tool result)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatorResult:
+    id: str
+    passed: bool
+    score: float
+    weight: float = 1.0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    reward: float
+    success: bool
+    validators: tuple[ValidatorResult, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class GymError(Exception):
+    """An environment failed (unreachable, crashed, timed out): infrastructure, not the agent."""
+
+
+class ExecutionGone(GymError):
+    """The execution no longer exists on the gym side."""
+
+
+@runtime_checkable
+class Execution(Protocol):
+    execution_id: str
+    task: Task
+
+    async def observe(self) -> Observation: ...
+
+    async def act(self, action: Action) -> StepResult: ...
+
+    async def evaluate(self, answer: str | None = None) -> Evaluation: ...
+
+    async def close(self) -> None:
+        """Release the environment. Idempotent; never raises for an already-closed execution."""
+        ...
+
+
+@runtime_checkable
+class Gym(Protocol):
+    gym_id: str
+
+    async def list_tasks(self) -> list[Task]: ...
+
+    async def get_task(self, task_id: str) -> Task: ...
+
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution: ...
+
+    async def aclose(self) -> None:
+        """Release shared resources (connection pools). Idempotent."""
+        ...
+
+
+def reward_from_result(result: dict[str, Any] | None, success: bool | None) -> float:
+    """The reward rule of the gym spec: ``score`` when present (a real 0 stays 0), else the
+    weight-normalised validator scores, else ``success`` as 1.0/0.0."""
+    result = result or {}
+    score = result.get("score")
+    if isinstance(score, int | float) and not isinstance(score, bool):
+        return float(score)
+    validators = result.get("validators") or []
+    weighted = [
+        (float(v.get("score", 1.0 if v.get("pass") else 0.0)), float(v.get("weight", 1.0)))
+        for v in validators
+        if isinstance(v, dict)
+    ]
+    total = sum(w for _, w in weighted)
+    if weighted and total > 0:
+        return sum(s * w for s, w in weighted) / total
+    if success is None:
+        success = bool(result.get("success", False))
+    return 1.0 if success else 0.0

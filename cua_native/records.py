@@ -1,0 +1,109 @@
+"""What an episode produces: the records shared by the workflow, the trainer and the monitor.
+
+The workflow fills these while it runs and hands them to an ``EpisodeObserver`` (the monitor's
+recorder) at three points: episode start, each finished turn, episode end. Observers must return
+at once and never raise into the rollout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from cua_native.actions.errors import ParsedOutput
+from cua_native.gym.protocol import Evaluation, Observation, StepResult, Task
+
+Phase = Literal["create", "observe", "prompt", "generate", "parse", "act", "evaluate", "close"]
+
+EpisodeOutcome = Literal["completed", "rejected"]
+"""``completed``: a real sample with its reward (success or agent failure).
+``rejected``: infrastructure failed; the episode must not be trained on."""
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """One model call and the action it led to."""
+
+    index: int
+    observation: Observation
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    text: str
+    parsed: ParsedOutput
+    stop_reason: str | None = None
+    step: StepResult | None = None
+    images_in_prompt: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    """What the prompt builder dropped to fit the budget (e.g. ``{"images": 2, "turns": 0}``)."""
+    token_mismatch: bool = False
+    """The engine reported other prompt ids than were sent (the engine's ids were kept)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    reward: float = 0.0
+    """Reward attributed to this turn (after discounting and shaping)."""
+
+
+@dataclass(slots=True)
+class EpisodeContext:
+    """Identity of one episode, passed to observers on every event."""
+
+    task: Task
+    group_id: str = ""
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    execution_id: str | None = None
+    attempt: int = 0
+    source: Literal["step", "eval", "baseline"] = "step"
+    """What the rollout belongs to (monitor ``source_type``)."""
+    step: int | None = None
+    """The training step (``source == "step"``) or eval/baseline ordinal."""
+    model_version: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EpisodeRecord:
+    context: EpisodeContext
+    turns: list[TurnRecord] = field(default_factory=list)
+    outcome: EpisodeOutcome = "completed"
+    reject_reason: str | None = None
+    evaluation: Evaluation | None = None
+    reward: float = 0.0
+    success: bool = False
+    answer: str | None = None
+    end_reason: str = ""
+    """``terminate``, ``answer``, ``max_turns``, ``time_limit``, ``parse_errors``, or the reject reason."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Total seconds per phase over the episode."""
+
+    @property
+    def parse_errors(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for turn in self.turns:
+            if turn.parsed.error is not None:
+                counts[turn.parsed.error.kind] = counts.get(turn.parsed.error.kind, 0) + 1
+        return counts
+
+
+class EpisodeObserver(Protocol):
+    """Receives episode events. Implementations return at once and never raise."""
+
+    def episode_started(self, context: EpisodeContext) -> None: ...
+
+    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None: ...
+
+    def episode_finished(self, record: EpisodeRecord) -> None: ...
+
+
+class NullObserver:
+    """Records nothing."""
+
+    def episode_started(self, context: EpisodeContext) -> None:
+        return None
+
+    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None:
+        return None
+
+    def episode_finished(self, record: EpisodeRecord) -> None:
+        return None
