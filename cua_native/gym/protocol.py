@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from PIL.Image import Image as PILImage
 from pydantic import BaseModel, ConfigDict, Field
 
 from cua_native.actions.models import Action
@@ -40,14 +41,17 @@ class Task(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Screenshot:
-    """A screenshot as the environment gave it: inline PNG/JPEG bytes or an (allow-listed) URL."""
+    """A screenshot as the environment gave it: encoded PNG/JPEG bytes, an (allow-listed) URL,
+    or an in-memory PIL image (the embedded simulator, so nothing is encoded twice)."""
 
     png: bytes | None = None
     url: str | None = None
+    image: PILImage | None = None
 
     def __post_init__(self) -> None:
-        if (self.png is None) == (self.url is None):
-            raise ValueError("a Screenshot has exactly one of png bytes or url")
+        given = sum(v is not None for v in (self.png, self.url, self.image))
+        if given != 1:
+            raise ValueError("a Screenshot has exactly one of png bytes, url or image")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""Model factories and chat templates."""
