@@ -1,0 +1,1 @@
+"""Training: the embedded single-process trainer and the AReaL cluster path."""

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the whole test suite the way CI does: install the locked environment, start the services
+# the tests use (PostgreSQL for the monitor store, Chromium for the dashboard's browser test),
+# then pytest. Safe to run again: every step is idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v uv >/dev/null 2>&1; then
+  python3 -m pip install --quiet uv
+fi
+uv sync --frozen
+
+if [ -f .ci/services.sh ]; then
+  # shellcheck source=/dev/null
+  source .ci/services.sh
+fi
+
+uv run ruff check cua_native tests bench
+uv run pytest "$@"
