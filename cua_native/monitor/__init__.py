@@ -1,0 +1,1 @@
+"""Training Monitor: the ingest contract, the SQL store (SQLite/PostgreSQL), the dashboard."""

@@ -1,0 +1,66 @@
+"""``python -m cua_native.monitor serve|migrate``: the dashboard server and schema migrations."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from cua_native.monitor.store import MonitorStore
+
+LOG = logging.getLogger("cua_native.monitor")
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    if args.run_dir is not None:
+        return Path(args.run_dir)
+    url: str | None = args.db
+    if url and url.startswith("sqlite:///"):
+        return Path(url.removeprefix("sqlite:///")).resolve().parent
+    return Path.cwd()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cua_native.monitor")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the dashboard (and the ingest endpoint)")
+    migrate = commands.add_parser(
+        "migrate", help="bring the database schema to the newest revision"
+    )
+    for sub in (serve, migrate):
+        sub.add_argument("--db", help="SQLAlchemy URL (default: SQLite monitor.db in --run-dir)")
+        sub.add_argument("--run-dir", help="run directory holding screenshots/ (default: the DB's)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--token", help="access token for pages; required for ingest")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.db is None and args.run_dir is None:
+        print("give --db URL or --run-dir DIR", file=sys.stderr)
+        return 2
+    store = MonitorStore.open(args.db, run_dir=_run_dir(args))
+    try:
+        if args.command == "migrate":
+            LOG.info("schema at head: %s", store.engine.url.render_as_string(hide_password=True))
+            return 0
+        import uvicorn
+
+        from cua_native.monitor.dashboard.app import create_app
+
+        if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
+            LOG.warning(
+                "serving on %s without --token: anyone who can reach it can read it", args.host
+            )
+        uvicorn.run(create_app(store, token=args.token), host=args.host, port=args.port)
+        return 0
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The monitor dashboard: read-only pages over the store plus the ingest endpoint."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the monitor schema, run programmatically by ``MonitorStore.open``."""

@@ -1,0 +1,142 @@
+"""Where ingest batches go: the SQL store in-process, or a Training Monitor over HTTP.
+
+A sink sends one batch and answers the ingest result (``training_id`` and ``{kind: [{client_id,
+id}]}``). It raises ``SinkUnavailable`` when the batch may succeed later (timeout, connection
+refused, 5xx, bad token) and ``SinkRejected`` when this batch will never be accepted (validation
+error, unknown parent). Retrying, spilling and id resolution live in ``spill.SinkChannel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+import httpx
+from pydantic import ValidationError
+
+from cua_native.monitor.ingest import IngestError
+
+
+class SinkUnavailable(Exception):
+    """The sink cannot take the batch now; send it again later."""
+
+
+class SinkRejected(Exception):
+    """The sink will never accept this batch as it is."""
+
+
+class Sink(Protocol):
+    name: str
+    """Stable name: it names this sink's spill files under the run dir."""
+    accepts_client_refs: bool
+    """True when parents may be named by ``<ref>_client_id`` (the store resolves them)."""
+
+    async def send(self, batch: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class SqlSink:
+    """Writes batches to a ``MonitorStore`` (SQLite or PostgreSQL) on the store's own thread."""
+
+    accepts_client_refs = True
+
+    def __init__(self, store: Any, *, name: str = "sql", owns_store: bool = True) -> None:
+        self.store = store
+        self.name = name
+        self._owns_store = owns_store
+
+    async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = await self.store.aingest(batch)
+        except (IngestError, ValidationError) as exc:
+            raise SinkRejected(str(exc)) from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # database down, locked, disk full: all may pass
+            raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return result
+
+    async def aclose(self) -> None:
+        if self._owns_store:
+            await asyncio.to_thread(self.store.close)
+
+
+class HttpSink:
+    """``POST {base_url}/api/ingest/batch`` with ``Authorization: Bearer <token>``.
+
+    By default parents are sent as remote ids (what the existing Training Monitor understands);
+    ``client_refs=True`` names them by client id instead (the cua_native dashboard accepts both).
+    The JSON body is encoded in a worker thread: batches with token logprobs and screenshots are
+    large, and encoding them must not hold the event loop.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout: float = 10.0,
+        name: str = "http",
+        client_refs: bool = False,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.accepts_client_refs = client_refs
+        self.url = base_url.rstrip("/") + "/api/ingest/batch"
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.AsyncClient(
+            headers=headers, timeout=httpx.Timeout(timeout), transport=transport
+        )
+
+    async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
+        body = await asyncio.to_thread(_encode, batch)
+        try:
+            response = await self._client.post(self.url, content=body)
+        except httpx.HTTPError as exc:  # timeouts, refused connections, protocol errors
+            raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        status = response.status_code
+        if status >= 500 or status in (401, 403, 404, 408, 409, 425, 429):
+            # a wrong token or URL is a configuration problem: keep the data until it is fixed
+            raise SinkUnavailable(f"HTTP {status}: {response.text[:500]}")
+        if status >= 400:
+            raise SinkRejected(f"HTTP {status}: {response.text[:2000]}")
+        try:
+            answer = response.json()
+        except ValueError as exc:
+            raise SinkUnavailable(f"HTTP {status}: answer is not JSON") from exc
+        if not isinstance(answer, dict):
+            raise SinkUnavailable(f"HTTP {status}: answer is not a JSON object")
+        return answer
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _encode(batch: dict[str, Any]) -> bytes:
+    return json.dumps(batch, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def id_pairs(
+    kind: str, sent_client_ids: list[str], answer: dict[str, Any]
+) -> list[tuple[str, int]]:
+    """The ``(client_id, id)`` pairs an answer gives for one array kind.
+
+    The existing monitor answers actions, observations and validations without ``client_id``;
+    those ids are taken in the order the records were sent."""
+    entries = answer.get(kind)
+    if not isinstance(entries, list):
+        return []
+    pairs: list[tuple[str, int]] = []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+            continue
+        client_id = entry.get("client_id")
+        if client_id is None and position < len(sent_client_ids):
+            client_id = sent_client_ids[position]
+        if isinstance(client_id, str):
+            pairs.append((client_id, entry["id"]))
+    return pairs
