@@ -1,0 +1,565 @@
+"""In-process transformers engine speaking AReaL's ``InferenceEngine.agenerate``.
+
+One worker thread owns the model. ``agenerate`` prepares inputs off the event loop, queues
+a job and awaits its future. The worker takes up to ``max_batch_size`` queued jobs, prefills
+them as one left-padded batch (text and vision rows alike) and decodes them together with a
+KV cache until each stops; jobs that arrive meanwhile wait for the next batch (static
+batching). Weight updates, version changes and pauses are applied by the worker between two
+forward passes, so they never overlap one. After a weight update the running rows are
+re-prefilled (prompt + tokens so far) under the new weights, so every token's logprob is
+exactly the one the weights of its ``output_versions`` entry give for its prefix.
+
+Sampling is deterministic for a fixed engine seed and call order: each request gets its own
+CPU ``torch.Generator`` seeded from ``(seed, request counter)`` (or ``metadata["seed"]``),
+so batching and scheduling do not change results. See ``sampling.py`` for the logprob
+definition.
+
+Remote-only parts of AReaL's interface (servers, NCCL weight groups, the workflow executor's
+``submit``/``wait``/``prepare_batch``) raise ``TypeError`` saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from areal.api.engine_api import InferenceEngine
+from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+
+from cua_native.engine.batch import BatchDecoder, RowInput
+from cua_native.engine.inputs import PreparedInput, VisionSpec, prepare_input
+from cua_native.engine.sampling import LOGPROB_MODES, SamplingParams, sample_token
+from cua_native.engine.weights import (
+    NamedTensors,
+    check_named_tensors,
+    copy_into,
+    load_checkpoint_state,
+)
+
+StopReason = Literal["length", "stop", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessEngineConfig:
+    device: str = "cpu"
+    seed: int = 0
+    max_batch_size: int = 8
+    logprob_mode: Literal["full", "truncated"] = "full"
+    """``full``: ``log_softmax(logits/T)`` (what the trainer recomputes); ``truncated``: under
+    the renormalised top-k/top-p distribution actually sampled from."""
+    abort_on_pause: bool = False
+    """``pause_generation`` ends running requests with ``stop_reason="abort"`` (SGLang's raw
+    behaviour) instead of holding them until ``continue_generation`` (AReaL's agenerate)."""
+    join_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.logprob_mode not in LOGPROB_MODES:
+            raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}")
+
+
+@dataclass(eq=False)
+class _Job:
+    prepared: PreparedInput
+    params: SamplingParams
+    generator: torch.Generator
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[_Job]
+    tokenizer: Any
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+    def row(self) -> RowInput:
+        return RowInput(ids=self.prepared.input_ids + self.tokens, mm=self.prepared.mm)
+
+
+@dataclass(eq=False)
+class _Op:
+    """Work the worker runs between two forward passes."""
+
+    fn: Callable[[], None]
+    future: Future[None]
+    invalidates_cache: bool
+
+
+def _resolve(job: _Job) -> None:
+    if not job.future.done():
+        job.future.set_result(job)
+
+
+def _deliver(job: _Job) -> None:
+    try:
+        job.loop.call_soon_threadsafe(_resolve, job)
+    except RuntimeError:  # the caller's event loop is closed: nobody is waiting
+        pass
+
+
+class InProcessEngine(InferenceEngine):
+    """A transformers model served in this process through ``agenerate``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any = None,
+        tokenizer: Any = None,
+        config: InProcessEngineConfig | None = None,
+    ) -> None:
+        self.config = config or InProcessEngineConfig()
+        self.device = torch.device(self.config.device)
+        self.model = model.to(self.device).eval()
+        self.processor = processor
+        self.tokenizer = tokenizer or getattr(processor, "tokenizer", None)
+        self._vision = VisionSpec.from_config(model.config)
+        self._eos_ids = self._find_eos_ids()
+        self._pad_id = self._find_pad_id()
+        self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        self._never_sample = frozenset(
+            t for t in (self._vision.image_token_id, self._vision.video_token_id) if t is not None
+        )
+        self._cond = threading.Condition()
+        self._pending: deque[_Job] = deque()
+        self._ops: deque[_Op] = deque()
+        self._counter = itertools.count()
+        self._version = 0
+        self._gen_paused = False
+        self._admission_paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        max_batch_size: int = 8,
+        **config: Any,
+    ) -> InProcessEngine:
+        """Load model and processor from a Hugging Face directory and start the worker."""
+        from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+        try:
+            model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+            processor = AutoProcessor.from_pretrained(path)
+            tokenizer = getattr(processor, "tokenizer", None)
+        except ValueError:  # a text-only causal LM
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            processor = None
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        cfg = InProcessEngineConfig(
+            device=device, seed=seed, max_batch_size=max_batch_size, **config
+        )
+        engine = cls(model, processor, tokenizer, cfg)
+        engine.initialize()
+        return engine
+
+    def _find_eos_ids(self) -> frozenset[int]:
+        found: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is None:
+            eos = getattr(self.model.config.get_text_config(), "eos_token_id", None)
+        if isinstance(eos, int):
+            found.add(eos)
+        elif eos is not None:
+            found.update(int(e) for e in eos)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            found.add(int(self.tokenizer.eos_token_id))
+        return frozenset(found)
+
+    def _find_pad_id(self) -> int:
+        if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
+            return int(self.tokenizer.pad_token_id)
+        pad = getattr(self.model.config.get_text_config(), "pad_token_id", None)
+        return int(pad) if pad is not None else min(self._eos_ids, default=0)
+
+    # ------------------------------------------------------------------ lifecycle
+    def initialize(self, *args: Any, **kwargs: Any) -> None:
+        """Start the worker thread (idempotent). Arguments are accepted and ignored."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(
+                target=self._worker, name="inprocess-engine", daemon=True
+            )
+            self._thread.start()
+
+    @property
+    def initialized(self) -> bool:
+        return self._thread is not None and not self._stopping
+
+    def destroy(self) -> None:
+        """Stop the worker; queued and running requests end with ``stop_reason="abort"``."""
+        with self._cond:
+            thread, self._stopping = self._thread, True
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.config.join_timeout_s)
+        with self._cond:
+            self._thread = None
+
+    def __enter__(self) -> InProcessEngine:
+        self.initialize()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # ------------------------------------------------------------------ versions / pauses
+    def set_version(self, version: int) -> None:
+        with self._cond:
+            self._version = int(version)
+
+    def get_version(self) -> int:
+        with self._cond:
+            return self._version
+
+    def pause_generation(self) -> None:
+        """Hold running requests at the next step boundary (or abort them, see config)."""
+        with self._cond:
+            self._gen_paused = True
+            self._cond.notify_all()
+
+    def continue_generation(self) -> None:
+        with self._cond:
+            self._gen_paused = False
+            self._cond.notify_all()
+
+    def pause(self) -> None:
+        """Stop starting new requests; running ones finish. Queued ones wait for ``resume``."""
+        with self._cond:
+            self._admission_paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._admission_paused = False
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ generation
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate one sample for ``req``; see the module docstring for the guarantees."""
+        start = time.perf_counter()
+        if not self.initialized:
+            raise RuntimeError("InProcessEngine is not running: call initialize() first.")
+        if self._failure is not None:
+            raise RuntimeError("InProcessEngine worker died") from self._failure
+        params = SamplingParams.from_gconfig(
+            req.gconfig,
+            len(req.input_ids),
+            self._eos_ids,
+            self._vocab,
+            never_sample=self._never_sample,
+        )
+        if params.stop_strings and (req.tokenizer or self.tokenizer) is None:
+            raise ValueError("gconfig.stop (stop strings) needs a tokenizer to decode outputs.")
+        counter = next(self._counter)  # taken before any await: call order fixes the seed
+        seed = req.metadata.get("seed") if req.metadata else None
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(
+            int(seed) if seed is not None else (self.config.seed * 1_000_003 + counter) % 2**63
+        )
+        prepared = await asyncio.to_thread(prepare_input, req, self._vision)
+        loop = asyncio.get_running_loop()
+        job = _Job(
+            prepared=prepared,
+            params=params,
+            generator=generator,
+            loop=loop,
+            future=loop.create_future(),
+            tokenizer=req.tokenizer or self.tokenizer,
+        )
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise RuntimeError("InProcessEngine was destroyed.")
+            if self._failure is not None:
+                raise RuntimeError("InProcessEngine worker died") from self._failure
+            self._pending.append(job)
+            self._cond.notify_all()
+        try:
+            await job.future
+        except asyncio.CancelledError:
+            with self._cond:
+                job.cancelled = True
+                if job in self._pending:
+                    self._pending.remove(job)
+                self._cond.notify_all()
+            raise
+        if job.error is not None:
+            raise RuntimeError(f"generation failed: {job.error!r}") from job.error
+        return self._response(req, job, start)
+
+    def _response(self, req: ModelRequest, job: _Job, start: float) -> ModelResponse:
+        times = job.times
+        return ModelResponse(
+            input_tokens=list(job.prepared.input_ids),
+            output_tokens=list(job.tokens),
+            output_logprobs=list(job.logprobs),
+            output_versions=list(job.versions),
+            stop_reason=job.stop_reason or "abort",
+            tokenizer=req.tokenizer,
+            input_images=list(req.image_data or []),
+            processor=req.processor,
+            latency=time.perf_counter() - start,
+            ttft=(times[0] - start) if times else float("inf"),
+            itl=[b - a for a, b in itertools.pairwise(times)],
+        )
+
+    # ------------------------------------------------------------------ weight updates
+    def _submit_op(self, fn: Callable[[], None], invalidates_cache: bool) -> Future[None]:
+        future: Future[None] = Future()
+        op = _Op(fn=fn, future=future, invalidates_cache=invalidates_cache)
+        with self._cond:
+            running = self._thread is not None and not self._stopping
+            if running:
+                self._ops.append(op)
+                self._cond.notify_all()
+        if not running:  # no worker, hence no forward pass to race with
+            self._run_op(op)
+        return future
+
+    @staticmethod
+    def _run_op(op: _Op) -> None:
+        if not op.future.set_running_or_notify_cancel():
+            return
+        try:
+            op.fn()
+        except BaseException as exc:
+            op.future.set_exception(exc)
+        else:
+            op.future.set_result(None)
+
+    def update_weights_from_state_dict(
+        self, state_dict: NamedTensors, version: int | None = None
+    ) -> Future[None]:
+        """Copy ``state_dict`` (full or partial) into the model between two forward passes.
+
+        Names and shapes are checked first (``ValueError``, model untouched). The version is
+        set to ``version`` when given. Returns a future: ``.result()`` from sync code,
+        ``await asyncio.wrap_future(f)`` from async code.
+        """
+        items = check_named_tensors(self.model, state_dict)
+
+        def apply() -> None:
+            copy_into(self.model, items)
+            if version is not None:
+                self.set_version(version)
+
+        return self._submit_op(apply, invalidates_cache=True)
+
+    update_weights_from_tensor = update_weights_from_state_dict
+
+    def update_weights_from_disk(
+        self, meta: WeightUpdateMeta | str | os.PathLike[str], version: int | None = None
+    ) -> Future[None]:
+        """Load a ``save_pretrained`` directory (path or AReaL ``WeightUpdateMeta(type="disk")``).
+
+        The checkpoint is read on a helper thread; only the copy waits for a step boundary.
+        The version becomes ``version``, else ``meta.version``, else stays (AReaL then calls
+        ``set_version``). Unlike AReaL's remote engines this loads at once: call it after the
+        checkpoint is fully written.
+        """
+        if isinstance(meta, WeightUpdateMeta):
+            if meta.type != "disk" or meta.path is None:
+                raise TypeError(
+                    f"in-process engine loads type='disk' updates with a path, got {meta.type!r}"
+                )
+            if meta.use_lora:
+                raise TypeError("LoRA weight updates are not supported by the in-process engine.")
+            path: str | os.PathLike[str] = meta.path
+            version = version if version is not None else meta.version
+        else:
+            path = meta
+        result: Future[None] = Future()
+        result.set_running_or_notify_cancel()
+
+        def load() -> None:
+            try:
+                state = load_checkpoint_state(self.model, Path(path))
+                inner = self.update_weights_from_state_dict(state, version)
+            except BaseException as exc:
+                result.set_exception(exc)
+                return
+            inner.add_done_callback(lambda f: _chain(f, result))
+
+        threading.Thread(target=load, name="inprocess-engine-load", daemon=True).start()
+        return result
+
+    # ------------------------------------------------------------------ worker
+    def _take_work(self, active: list[_Job]) -> tuple[_Op | None, list[_Job], bool]:
+        """Block until there is something to do; returns (op, new jobs, stop)."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None, [], True
+                if self._ops:
+                    return self._ops.popleft(), [], False
+                if active and any(j.cancelled for j in active):
+                    return None, [], False
+                if active and self._gen_paused and self.config.abort_on_pause:
+                    return None, [], False
+                if active and not self._gen_paused:
+                    return None, [], False
+                if (
+                    not active
+                    and self._pending
+                    and not (self._gen_paused or self._admission_paused)
+                ):
+                    size = min(self.config.max_batch_size, len(self._pending))
+                    return None, [self._pending.popleft() for _ in range(size)], False
+                self._cond.wait()
+
+    def _worker(self) -> None:
+        active: list[_Job] = []
+        decoder = BatchDecoder(self.model, self.device, self._pad_id)
+        needs_prefill = False
+        try:
+            with torch.inference_mode():
+                while True:
+                    op, new_jobs, stop = self._take_work(active)
+                    if stop:
+                        break
+                    if op is not None:
+                        self._run_op(op)
+                        needs_prefill = needs_prefill or (op.invalidates_cache and bool(active))
+                        continue
+                    if new_jobs:
+                        active, needs_prefill = new_jobs, True
+                    if self._gen_paused and self.config.abort_on_pause:
+                        self._finish(active, "abort")
+                        active = []
+                        decoder.reset()
+                        continue
+                    kept = [i for i, j in enumerate(active) if not j.cancelled]
+                    if len(kept) != len(active):
+                        active = [active[i] for i in kept]
+                        if not needs_prefill:
+                            decoder.keep(kept)
+                    if not active:
+                        decoder.reset()
+                        continue
+                    if self._gen_paused:  # woken for a cancellation: keep holding
+                        continue
+                    active, needs_prefill = self._advance(decoder, active, needs_prefill)
+        except BaseException as exc:
+            self._failure = exc
+            for job in active:
+                job.error = exc
+                _deliver(job)
+        finally:
+            self._finish(active, "abort")
+            with self._cond:
+                pending = list(self._pending)
+                self._pending.clear()
+                ops = list(self._ops)
+                self._ops.clear()
+            self._finish(pending, "abort")
+            for op in ops:  # nothing runs on the model any more: apply them inline
+                self._run_op(op)
+
+    def _advance(
+        self, decoder: BatchDecoder, active: list[_Job], needs_prefill: bool
+    ) -> tuple[list[_Job], bool]:
+        """One forward pass and one sampled token per row; returns the rows still running."""
+        version = self.get_version()
+        if needs_prefill:
+            logits = decoder.prefill([job.row() for job in active])
+        else:
+            logits = decoder.step([job.tokens[-1] for job in active])
+        now = time.perf_counter()
+        truncated = self.config.logprob_mode == "truncated"
+        still: list[int] = []
+        for i, job in enumerate(active):
+            uniform = float(torch.rand((), generator=job.generator, dtype=torch.float64))
+            picked = sample_token(logits[i], job.params, len(job.tokens), uniform)
+            job.tokens.append(picked.token)
+            job.logprobs.append(picked.truncated_logprob if truncated else picked.logprob)
+            job.versions.append(version)
+            job.times.append(now)
+            reason = self._stop_reason(job)
+            if reason is None:
+                still.append(i)
+            else:
+                self._finish([job], reason)
+        decoder.keep(still)
+        return [active[i] for i in still], False
+
+    @staticmethod
+    def _stop_reason(job: _Job) -> StopReason | None:
+        params = job.params
+        if job.tokens[-1] in params.stop_token_ids:  # banned until min_new_tokens
+            return "stop"
+        if params.stop_strings and job.tokenizer is not None:
+            text = job.tokenizer.decode(job.tokens)
+            if any(s in text for s in params.stop_strings):
+                return "stop"
+        if len(job.tokens) >= params.max_new_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _finish(jobs: list[_Job], reason: StopReason) -> None:
+        for job in jobs:
+            if job.stop_reason is None:
+                job.stop_reason = reason
+            _deliver(job)
+
+    # ------------------------------------------------------------------ remote-only surface
+    def _remote_only(self, what: str) -> TypeError:
+        return TypeError(
+            f"{what} is a remote-engine feature; InProcessEngine serves the model in this "
+            "process (use agenerate, update_weights_from_state_dict/_disk, set_version)."
+        )
+
+    def launch_server(self, server_args: dict[str, Any]) -> Any:
+        raise self._remote_only("launch_server")
+
+    def teardown_server(self) -> None:
+        raise self._remote_only("teardown_server")
+
+    def init_weights_update_group(self, meta: WeightUpdateMeta, rank_ids: Any = None) -> Any:
+        raise self._remote_only("init_weights_update_group (NCCL)")
+
+    def update_weights_from_distributed(self, meta: WeightUpdateMeta, param_specs: Any) -> Any:
+        raise self._remote_only("update_weights_from_distributed (NCCL)")
+
+    def submit(self, *args: Any, **kwargs: Any) -> int:
+        raise self._remote_only("submit (AReaL workflow executor)")
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._remote_only("wait (AReaL workflow executor)")
+
+    def rollout_batch(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._remote_only("rollout_batch (AReaL workflow executor)")
+
+    def prepare_batch(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._remote_only("prepare_batch (AReaL workflow executor)")
+
+
+def _chain(source: Future[None], target: Future[None]) -> None:
+    exc = source.exception()
+    if exc is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(None)
