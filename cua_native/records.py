@@ -7,6 +7,7 @@ at once and never raise into the rollout.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -107,3 +108,63 @@ class NullObserver:
 
     def episode_finished(self, record: EpisodeRecord) -> None:
         return None
+
+
+class FanoutObserver:
+    """Passes every event to several observers; one that raises is logged and skipped."""
+
+    def __init__(self, *observers: EpisodeObserver) -> None:
+        self.observers = observers
+
+    def _each(self, method: str, *args: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, method)(*args)
+            except Exception:  # an observer must never break a rollout
+                logging.getLogger(__name__).exception("observer %r failed on %s", observer, method)
+
+    def episode_started(self, context: EpisodeContext) -> None:
+        self._each("episode_started", context)
+
+    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None:
+        self._each("turn_finished", context, turn)
+
+    def episode_finished(self, record: EpisodeRecord) -> None:
+        self._each("episode_finished", record)
+
+
+@dataclass(slots=True)
+class EpisodeTally:
+    """Counts finished episodes (for progress bars and step summaries)."""
+
+    completed: int = 0
+    rejected: int = 0
+    successes: int = 0
+    rewards: list[float] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    parse_errors: dict[str, int] = field(default_factory=dict)
+
+    def episode_started(self, context: EpisodeContext) -> None:
+        return None
+
+    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None:
+        return None
+
+    def episode_finished(self, record: EpisodeRecord) -> None:
+        if record.outcome == "rejected":
+            self.rejected += 1
+            return
+        self.completed += 1
+        self.successes += int(record.success)
+        self.rewards.append(record.reward)
+        self.turns.append(len(record.turns))
+        for kind, n in record.parse_errors.items():
+            self.parse_errors[kind] = self.parse_errors.get(kind, 0) + n
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.completed if self.completed else 0.0
+
+    @property
+    def reward_mean(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0

@@ -1,0 +1,422 @@
+"""One episode: observe → prompt → generate → parse → act, until the agent stops or runs out.
+
+``run_episode`` never raises for environment or engine trouble: infrastructure failures come
+back as a ``rejected`` record (the workflow retries them with a fresh execution); agent failures
+(unparseable output, out of turns or time, a wrong answer) are ``completed`` records with their
+reward. The execution is closed on every path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from areal.api.cli_args import GenerationHyperparameters
+from areal.api.io_struct import ModelRequest, ModelResponse
+
+from cua_native.actions.dialects import Dialect
+from cua_native.actions.errors import ParsedOutput
+from cua_native.actions.models import Answer, Terminate
+from cua_native.gym.protocol import Evaluation, Execution, Gym, Observation, StepResult, Task
+from cua_native.prompts import HistoryStep, PromptTooLong
+from cua_native.records import EpisodeContext, EpisodeObserver, EpisodeRecord, Phase, TurnRecord
+from cua_native.workflow_config import AgentConfig
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Engine(Protocol):
+    """The part of AReaL's ``InferenceEngine`` the loop uses."""
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse: ...
+
+
+class InfraFailure(Exception):
+    """The environment or the engine failed; the episode cannot be trained on."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class EpisodeRun:
+    """An episode's record plus, per turn, the multimodal tensors of its prompt."""
+
+    record: EpisodeRecord
+    multi_modal_inputs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> bool:
+        return self.record.outcome == "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Turnkit:
+    """What an episode needs besides the gym and the engine (shared by concurrent episodes)."""
+
+    builder: Any
+    """A ``cua_native.prompts.PromptBuilder``."""
+    dialect: Dialect
+    tokenizer: Any
+    gconfig: GenerationHyperparameters
+    config: AgentConfig
+
+
+class _Clock:
+    """Adds phase durations to the turn's and the episode's timing tables."""
+
+    def __init__(self, episode: dict[str, float]) -> None:
+        self.episode = episode
+
+    @contextmanager
+    def phase(self, name: Phase, turn: dict[str, float] | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self.episode[name] = self.episode.get(name, 0.0) + spent
+            if turn is not None:
+                turn[name] = turn.get(name, 0.0) + spent
+
+
+def notify(observer: EpisodeObserver, event: str, *args: Any) -> None:
+    """Call an observer hook; an observer failure is logged, never raised into the rollout."""
+    try:
+        getattr(observer, event)(*args)
+    except Exception:
+        logger.exception("observer %s failed", event)
+
+
+async def _guarded(call: Awaitable[T], *, reason: str, limit: float) -> T:
+    """Await a gym or builder call under a timeout; failures become ``InfraFailure(reason)``."""
+    try:
+        async with asyncio.timeout(limit):
+            return await call
+    except TimeoutError as error:
+        raise InfraFailure(reason, f"timed out after {limit:.1f}s") from error
+    except (InfraFailure, PromptTooLong):
+        raise
+    except Exception as error:
+        raise InfraFailure(reason, f"{type(error).__name__}: {error}") from error
+
+
+async def _start(gym: Gym, task: Task, limit: float) -> Execution:
+    """Create an execution; if cancelled meanwhile, wait for the creation and close what came."""
+    creating = asyncio.ensure_future(gym.start(task))
+    try:
+        async with asyncio.timeout(limit):
+            return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        creating.add_done_callback(_close_orphan)
+        raise
+    except TimeoutError as error:
+        creating.add_done_callback(_close_orphan)
+        raise InfraFailure("create", f"timed out after {limit:.1f}s") from error
+    except Exception as error:
+        raise InfraFailure("create", f"{type(error).__name__}: {error}") from error
+
+
+def _close_orphan(creating: asyncio.Future[Execution]) -> None:
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    closing = asyncio.ensure_future(creating.result().close())
+    closing.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+
+async def close_execution(execution: Execution, limit: float) -> None:
+    """Close under a timeout, shielded: a cancelled episode still releases its environment
+    before the cancellation propagates."""
+    closing = asyncio.ensure_future(asyncio.wait_for(execution.close(), limit))
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        try:
+            await asyncio.shield(closing)
+        except BaseException:
+            logger.warning("close of %s failed during cancellation", execution.execution_id)
+        raise
+    except Exception:
+        logger.exception("close of execution %s failed", execution.execution_id)
+
+
+def decode_output(tokenizer: Any, output_ids: list[int], stop_ids: list[int]) -> str:
+    """The model's text: the output without its final stop token."""
+    ids = output_ids[:-1] if output_ids and output_ids[-1] in stop_ids else output_ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def feedback_for(parsed: ParsedOutput, step: StepResult | None) -> str | None:
+    """What the model is told about its last turn at the start of the next one."""
+    if parsed.error is not None:
+        return f"Your last output could not be parsed ({parsed.error.kind}): {parsed.error.message}"
+    if step is None:
+        return None
+    if not step.ok:
+        return f"The action failed: {step.error or 'refused by the environment'}"
+    return step.feedback
+
+
+async def run_episode(
+    *,
+    gym: Gym,
+    task: Task,
+    engine: Engine,
+    kit: Turnkit,
+    context: EpisodeContext,
+    observer: EpisodeObserver,
+    clock: Callable[[], float] = time.monotonic,
+) -> EpisodeRun:
+    """Run one episode of ``task`` on a fresh execution of ``gym`` and return its record."""
+    config = kit.config
+    record = EpisodeRecord(context=context)
+    run = EpisodeRun(record=record)
+    timer = _Clock(record.timings)
+    deadline = clock() + config.episode_timeout_s
+    execution: Execution | None = None
+    notify(observer, "episode_started", context)
+    try:
+        with timer.phase("create"):
+            execution = await _start(gym, task, config.turn_timeout_s)
+        context.execution_id = execution.execution_id
+        await _loop(execution, engine, kit, run, observer, timer, deadline, clock)
+        with timer.phase("evaluate"):
+            evaluation: Evaluation = await _guarded(
+                execution.evaluate(record.answer),
+                reason="evaluate",
+                limit=config.turn_timeout_s,
+            )
+        record.evaluation = evaluation
+        record.success = evaluation.success
+        record.reward = evaluation.reward - config.format_penalty * sum(
+            record.parse_errors.values()
+        )
+    except InfraFailure as failure:
+        record.outcome = "rejected"
+        record.reject_reason = failure.reason
+        record.end_reason = failure.reason
+        logger.warning("episode %s rejected: %s", context.episode_id, failure)
+    finally:
+        if execution is not None:
+            with timer.phase("close"):
+                await close_execution(execution, config.close_timeout_s)
+    notify(observer, "episode_finished", record)
+    return run
+
+
+async def _loop(
+    execution: Execution,
+    engine: Engine,
+    kit: Turnkit,
+    run: EpisodeRun,
+    observer: EpisodeObserver,
+    timer: _Clock,
+    deadline: float,
+    clock: Callable[[], float],
+) -> None:
+    config = kit.config
+    record = run.record
+    history: list[HistoryStep] = []
+    consecutive_errors = 0
+    observation: Observation | None = None
+    cached: tuple[Observation, Any] | None = None
+    # The last observation's prepared image: a parse-error turn shows the same screen again.
+    for index in range(config.max_turns):
+        remaining = deadline - clock()
+        if remaining <= 0:
+            record.end_reason = "time_limit"
+            return
+        timings: dict[str, float] = {}
+        if observation is None:
+            with timer.phase("observe", timings):
+                observation = await _guarded(
+                    execution.observe(),
+                    reason="observe",
+                    limit=min(config.turn_timeout_s, remaining),
+                )
+        try:
+            reuse = cached[1] if cached is not None and cached[0] is observation else None
+            turn, prompt_mm, prepared = await _model_turn(
+                index,
+                observation,
+                reuse,
+                history,
+                engine,
+                kit,
+                run,
+                timer,
+                timings,
+                deadline,
+                clock,
+            )
+            cached = (observation, prepared)
+        except _OutOfTime:
+            record.end_reason = "time_limit"
+            return
+        except PromptTooLong:
+            # Even the minimal prompt overflows the context: the agent's episode ends here.
+            record.end_reason = "context_limit"
+            return
+        record.turns.append(turn)
+        run.multi_modal_inputs.append(prompt_mm)
+        parsed = turn.parsed
+        consecutive_errors = consecutive_errors + 1 if parsed.error is not None else 0
+        action = parsed.action if parsed.error is None else None
+        if isinstance(action, Answer | Terminate):
+            record.answer = action.text if isinstance(action, Answer) else None
+            record.end_reason = "answer" if isinstance(action, Answer) else "terminate"
+            notify(observer, "turn_finished", record.context, turn)
+            return
+        if action is not None:
+            with timer.phase("act", timings):
+                turn.step = await _guarded(
+                    execution.act(action), reason="act", limit=config.turn_timeout_s
+                )
+            # The act's own observation saves a call; without one the next turn observes.
+            observation = turn.step.observation
+        history.append(
+            HistoryStep(
+                screenshot=prepared,
+                parsed=parsed,
+                raw_text=turn.text,
+                feedback=feedback_for(parsed, turn.step),
+            )
+        )
+        notify(observer, "turn_finished", record.context, turn)
+        if consecutive_errors >= config.max_consecutive_parse_errors:
+            record.end_reason = "parse_errors"
+            return
+    record.end_reason = "max_turns"
+
+
+class _OutOfTime(Exception):
+    """The episode's time budget ran out inside a turn."""
+
+
+async def _model_turn(
+    index: int,
+    observation: Observation,
+    prepared: Any,
+    history: list[HistoryStep],
+    engine: Engine,
+    kit: Turnkit,
+    run: EpisodeRun,
+    timer: _Clock,
+    timings: dict[str, float],
+    deadline: float,
+    clock: Callable[[], float],
+) -> tuple[TurnRecord, dict[str, Any], Any]:
+    """Prompt, generate and parse one turn: the turn, its prompt's multimodal input, and the
+    prepared screenshot (for the history)."""
+    config = kit.config
+
+    def budget() -> float:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise _OutOfTime
+        return min(config.turn_timeout_s, remaining)
+
+    with timer.phase("prompt", timings):
+        if prepared is None:
+            prepared = await _guarded(
+                kit.builder.prepare_image(observation.screenshot), reason="prompt", limit=budget()
+            )
+        built = await _guarded(
+            kit.builder.build(run.record.context.task, list(history), prepared, kit.gconfig),
+            reason="prompt",
+            limit=budget(),
+        )
+    request: ModelRequest = built.request
+    # Identity for engines and traces (AReaL's engines ignore unknown metadata keys).
+    request.metadata.setdefault("episode_id", run.record.context.episode_id)
+    request.metadata.setdefault("turn", index)
+    sent_ids = list(request.input_ids)
+    with timer.phase("generate", timings):
+        response = await _generate(engine, request, budget(), deadline, clock)
+    with timer.phase("parse", timings):
+        stop_ids = list(kit.gconfig.stop_token_ids)
+        text = decode_output(kit.tokenizer, response.output_tokens, stop_ids)
+        parsed = kit.dialect.parse(text, image_size=prepared.model_size)
+    prompt_ids = list(response.input_tokens) or sent_ids
+    turn = TurnRecord(
+        index=index,
+        observation=observation,
+        prompt_ids=prompt_ids,
+        output_ids=list(response.output_tokens),
+        output_logprobs=[float(x) for x in response.output_logprobs],
+        output_versions=[int(v) for v in response.output_versions],
+        text=text,
+        parsed=parsed,
+        stop_reason=response.stop_reason,
+        images_in_prompt=len(built.images),
+        dropped=dict(built.dropped),
+        token_mismatch=prompt_ids != sent_ids,
+        timings=timings,
+    )
+    prompt_mm = dict(built.multi_modal_input) if built.multi_modal_input else {}
+    return turn, prompt_mm, prepared
+
+
+async def _generate(
+    engine: Engine,
+    request: ModelRequest,
+    limit: float,
+    deadline: float,
+    clock: Callable[[], float],
+) -> ModelResponse:
+    """``engine.agenerate`` under the turn limit: the episode budget running out is the agent's
+    time limit; any other timeout, error or abort is an engine failure."""
+    try:
+        async with asyncio.timeout(limit):
+            response = await engine.agenerate(request)
+    except TimeoutError as error:
+        if deadline - clock() <= 0:
+            raise _OutOfTime from error
+        raise InfraFailure("generate", f"timed out after {limit:.1f}s") from error
+    except Exception as error:
+        raise InfraFailure("generate", f"{type(error).__name__}: {error}") from error
+    if response.stop_reason == "abort":
+        raise InfraFailure("generate", "the engine aborted the request")
+    if len(response.output_logprobs) != len(response.output_tokens) or len(
+        response.output_versions
+    ) != len(response.output_tokens):
+        raise InfraFailure("generate", "engine returned misaligned tokens/logprobs/versions")
+    return response
+
+
+async def run_with_retry(
+    *,
+    gym: Gym,
+    task: Task,
+    engine: Engine,
+    kit: Turnkit,
+    make_context: Callable[[int], EpisodeContext],
+    observer: EpisodeObserver,
+    on_reject: Callable[[EpisodeRun], None] = lambda run: None,
+) -> EpisodeRun:
+    """Run an episode; an infrastructure rejection is retried on a fresh execution up to
+    ``config.infra_retries`` times. Returns the last run (``rejected`` if every attempt was)."""
+    attempt = 0
+    while True:
+        run = await run_episode(
+            gym=gym,
+            task=task,
+            engine=engine,
+            kit=kit,
+            context=make_context(attempt),
+            observer=observer,
+        )
+        if not run.rejected:
+            return run
+        on_reject(run)
+        if attempt >= kit.config.infra_retries:
+            return run
+        attempt += 1

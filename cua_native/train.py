@@ -1,0 +1,94 @@
+"""``python -m cua_native.train``: GRPO training of a GUI agent.
+
+With no arguments it runs the embedded default on this machine (CPU is enough): the simulated
+phone, a tiny Qwen3-VL built locally and warm-started on the simulator's solution paths, the
+in-process engine, and AReaL's own PPO/GRPO code. With ``--config configs/<name>.yaml`` whose
+``cua.mode`` is ``areal`` it trains with AReaL's PPOTrainer on a GPU cluster.
+
+Trailing ``key=value`` arguments override config fields (``total_train_steps=10``,
+``cua.agent.group_size=8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from cua_native.config import ConfigError, LoadedConfig, load_config
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m cua_native.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="YAML config (default: the embedded default)")
+    parser.add_argument("--model", help="model directory to train instead of the tiny model")
+    parser.add_argument("--run-dir", help="where the monitor database, checkpoints and logs go")
+    parser.add_argument("--steps", type=int, help="training steps (total_train_steps)")
+    parser.add_argument("--device", help="cpu or cuda (embedded mode)")
+    parser.add_argument("--monitor", help="also record to a Training Monitor at this base URL")
+    parser.add_argument("--monitor-token", help="bearer token for --monitor (or CUA_MONITOR_TOKEN)")
+    parser.add_argument(
+        "--no-warm-start", action="store_true", help="skip the supervised warm start"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> LoadedConfig:
+    overrides = list(args.overrides)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"config error: override {item!r} is not of the form key=value")
+    if args.model:
+        overrides += [f"cua.agent.model_path={args.model}", f"actor.path={args.model}"]
+    if args.run_dir:
+        overrides.append(f"cua.run_dir={args.run_dir}")
+    if args.steps is not None:
+        overrides.append(f"total_train_steps={args.steps}")
+    if args.device:
+        overrides.append(f"cua.device={args.device}")
+    if args.monitor:
+        overrides.append(f"cua.monitor_url={args.monitor}")
+    if args.monitor_token:
+        overrides.append(f"cua.monitor_token={args.monitor_token}")
+    if args.no_warm_start:
+        overrides.append("cua.warm_start.enabled=false")
+    return load_config(args.config, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        loaded = build_config(args)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if loaded.cua.mode == "areal":
+        from cua_native.training.cluster import run_cluster
+
+        run_cluster(loaded)
+        return 0
+    if loaded.cua.device == "cpu":
+        # AReaL torch.compiles its log-prob helper; on CPU the first call spends ~20 s
+        # compiling C++ for a few milliseconds of work. Eager mode is exact and faster here.
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+    from cua_native.training.embedded import EmbeddedTrainer
+    from cua_native.training.report import print_report
+
+    report = asyncio.run(EmbeddedTrainer(loaded, progress=not args.no_progress).run())
+    print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

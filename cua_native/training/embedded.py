@@ -1,0 +1,380 @@
+"""The embedded trainer: GRPO on one machine, with AReaL's own PPO code.
+
+Per step: the workflow runs ``group_size`` episodes on each of ``batch_size`` tasks against the
+in-process engine; AReaL's ``PPOActor`` (on ``LocalTrainEngine``) recomputes log-probs,
+computes advantages and runs the GRPO update; the new weights go to the engine in memory and
+its version is bumped, so the next step's tokens carry the new version. A baseline evaluation
+runs before training and an evaluation every ``cua.eval_every`` steps, all recorded in the
+monitor database under the run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cua_native.config import LoadedConfig
+from cua_native.gym.protocol import Gym, Task
+from cua_native.records import EpisodeObserver, EpisodeTally, FanoutObserver
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepSummary:
+    step: int
+    episodes: int
+    rejected_groups: int
+    success_rate: float
+    reward_mean: float
+    reward_std: float
+    turns_mean: float
+    samples: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class TrainReport:
+    run_dir: Path
+    model_dir: Path
+    monitor_url: str | None
+    steps: list[StepSummary] = field(default_factory=list)
+    baseline_success: float | None = None
+    evals: dict[int, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    warm_start: dict[str, Any] | None = None
+
+
+def _std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
+    """AReaL's order of operations in ``PPOTrainer.train``: recompute log-probs (the proximal
+    policy), advantages, update. Runs in a worker thread: it is the heavy part of a step."""
+    from areal.utils import stats_tracker
+
+    if actor.config.should_compute_prox_logp():
+        for traj, logp in zip(batch, actor.compute_logp(batch), strict=True):
+            traj["prox_logp"] = logp
+    advantages = actor.compute_advantages(batch)
+    actor.ppo_update(advantages)
+    actor.engine.lr_scheduler_step()
+    return stats_tracker.export_all()
+
+
+def _pick(stats: dict[str, float], suffix: str) -> float | None:
+    for key, value in stats.items():
+        if key.endswith(suffix):
+            return float(value)
+    return None
+
+
+class EmbeddedTrainer:
+    """Owns the engines, the gym and the monitor for one embedded training run."""
+
+    def __init__(self, loaded: LoadedConfig, *, progress: bool = True) -> None:
+        self.loaded = loaded
+        self.progress = progress
+        self.run_dir = Path(loaded.cua.run_dir)
+        self.rng = random.Random(loaded.areal.seed)
+
+    # ------------------------------------------------------------------ set-up
+    def _prepare_model(self, report: TrainReport) -> Path:
+        from cua_native.defaults import resolve_model_path
+
+        cua = self.loaded.cua
+        cache = self.run_dir.parent / ".cache"
+        model_dir = resolve_model_path(cua.agent.model_path, cache)
+        if cua.agent.model_path is not None or not cua.warm_start.enabled:
+            return model_dir
+        from cua_native.training.warm_start import warm_start
+
+        target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{cua.warm_start.steps}"
+        if (target / "config.json").is_file():
+            report.warm_start = {"reused": str(target)}
+            return target
+        result = warm_start(
+            model_dir,
+            target,
+            cua.warm_start,
+            family=cua.agent.family,
+            prompt_overrides=cua.agent.prompt,
+            progress=self.progress,
+        )
+        report.warm_start = (
+            {k: v for k, v in vars(result).items() if not k.startswith("_")}
+            if hasattr(result, "__dict__")
+            else {"result": str(result)}
+        )
+        return target
+
+    async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
+        from cua_native.dataset import load_tasks
+
+        cua = self.loaded.cua
+        train = await load_tasks(cua.tasks, gym)
+        evals = await load_tasks(cua.eval_tasks, gym) if cua.eval_tasks is not None else []
+        if not train:
+            raise ValueError("cua.tasks selected no tasks; loosen its filters")
+        return train, evals
+
+    # ------------------------------------------------------------------ phases
+    async def run(self) -> TrainReport:
+        import torch
+        from areal.trainer.ppo.actor import PPOActor
+        from transformers import AutoModelForImageTextToText
+
+        from cua_native.dataset import task_row
+        from cua_native.defaults import load_processor, make_gym
+        from cua_native.engine import InProcessEngine
+        from cua_native.monitor.recorder import recorder_from_config
+        from cua_native.training.local_engine import LocalTrainEngine
+        from cua_native.workflow import CUAAgentWorkflow
+
+        areal, cua = self.loaded.areal, self.loaded.cua
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        report = TrainReport(
+            run_dir=self.run_dir, model_dir=self.run_dir, monitor_url=cua.monitor_db_url()
+        )
+        (self.run_dir / "config.json").write_text(
+            json.dumps({"cua": cua.model_dump(mode="json")}, indent=2)
+        )
+        model_dir = await asyncio.to_thread(self._prepare_model, report)
+        report.model_dir = model_dir
+        processor = await asyncio.to_thread(load_processor, model_dir)
+        engine = await asyncio.to_thread(
+            InProcessEngine.from_pretrained, str(model_dir), device=cua.device, seed=areal.seed
+        )
+        model = await asyncio.to_thread(
+            AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
+        )
+        trainer_engine = LocalTrainEngine(
+            model,
+            lr=areal.actor.optimizer.lr,
+            weight_decay=areal.actor.optimizer.weight_decay,
+            grad_clip=areal.actor.optimizer.gradient_clipping,
+            temperature=areal.actor.temperature,
+            device=cua.device,
+            processor=processor,
+        )
+        actor = PPOActor(areal.actor, trainer_engine)
+        gym = make_gym(cua.agent.gym)
+        recorder = recorder_from_config(
+            cua.monitor_db_url(),
+            cua.monitor_url,
+            cua.monitor_token,
+            self.run_dir,
+            model_path=str(model_dir),
+        )
+        await recorder.start()
+        try:
+            report = await self._train(
+                report,
+                engine,
+                actor,
+                trainer_engine,
+                gym,
+                processor,
+                recorder,
+                workflow_cls=CUAAgentWorkflow,
+                task_row=task_row,
+            )
+            recorder.training_finished("completed")
+        except BaseException as e:
+            recorder.training_failed(repr(e))
+            raise
+        finally:
+            await recorder.aclose()
+            await gym.aclose()
+            await asyncio.to_thread(engine.destroy)
+        return report
+
+    async def _train(
+        self,
+        report: TrainReport,
+        engine: Any,
+        actor: Any,
+        trainer_engine: Any,
+        gym: Gym,
+        processor: Any,
+        recorder: Any,
+        *,
+        workflow_cls: Any,
+        task_row: Any,
+    ) -> TrainReport:
+        from tqdm import tqdm
+
+        areal, cua = self.loaded.areal, self.loaded.cua
+        train_tasks, eval_tasks = await self._tasks(gym)
+        total_steps = areal.total_train_steps or max(
+            1, len(train_tasks) // areal.train_dataset.batch_size
+        )
+        recorder.training_started(
+            model_name=str(report.model_dir),
+            config={"cua": cua.model_dump(mode="json")},
+            total_steps=total_steps,
+            log_path=str(self.run_dir),
+        )
+        recorder.tasks_registered(train_tasks + eval_tasks)
+
+        def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
+            return workflow_cls(
+                cua.agent,
+                source=source,
+                gym=gym,
+                processor=processor,
+                observer=FanoutObserver(recorder, *observers),
+            )
+
+        if cua.baseline and eval_tasks:
+            tally = EpisodeTally()
+            report.baseline_success = await self._run_eval(
+                workflow("baseline", [tally]),
+                engine,
+                eval_tasks,
+                0,
+                recorder,
+                "baseline",
+                tally,
+                task_row,
+            )
+        batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
+        order: list[Task] = []
+        bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
+        for step in bar:
+            started = time.perf_counter()
+            if len(order) < batch_size:
+                fresh = list(train_tasks)
+                self.rng.shuffle(fresh)
+                order.extend(fresh)
+            tasks, order = order[:batch_size], order[batch_size:]
+            recorder.step_started(step, total_steps=total_steps)
+            tally = EpisodeTally()
+            flow = workflow("step", [tally])
+            rows = [dict(task_row(t), global_step=step) for t in tasks]
+            results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
+            batch = [r for r in results if r is not None]
+            summary = StepSummary(
+                step=step,
+                episodes=tally.completed,
+                rejected_groups=len(results) - len(batch),
+                success_rate=tally.success_rate,
+                reward_mean=tally.reward_mean,
+                reward_std=_std(tally.rewards),
+                turns_mean=sum(tally.turns) / len(tally.turns) if tally.turns else 0.0,
+                samples=sum(int(b["input_ids"].shape[0]) for b in batch),
+            )
+            if batch:
+                recorder.step_training(step)
+                stats = await asyncio.to_thread(_ppo_step, actor, batch)
+                summary.loss = _pick(stats, "actor_loss/avg")
+                summary.grad_norm = _pick(stats, "grad_norm")
+                version = trainer_engine.get_version() + 1
+                trainer_engine.set_version(version)
+                await asyncio.wrap_future(
+                    engine.update_weights_from_state_dict(trainer_engine.state_dict(), version)
+                )
+            summary.seconds = time.perf_counter() - started
+            report.steps.append(summary)
+            recorder.step_finished(
+                step,
+                loss=summary.loss,
+                kl=None,
+                reward_mean=summary.reward_mean,
+                reward_std=summary.reward_std,
+                num_tokens=None,
+                num_trajectories=summary.episodes,
+                learning_rate=areal.actor.optimizer.lr,
+                grad_norm=summary.grad_norm,
+                checkpoint_path=None,
+                metrics={
+                    "success_rate": summary.success_rate,
+                    "rejected_groups": summary.rejected_groups,
+                },
+                status="completed",
+            )
+            bar.set_postfix(
+                reward=f"{summary.reward_mean:+.2f}",
+                success=f"{summary.success_rate:.0%}",
+                loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
+            )
+            if cua.eval_every and eval_tasks and (step + 1) % cua.eval_every == 0:
+                tally = EpisodeTally()
+                report.evals[step] = await self._run_eval(
+                    workflow("eval", [tally]),
+                    engine,
+                    eval_tasks,
+                    step,
+                    recorder,
+                    "eval",
+                    tally,
+                    task_row,
+                )
+        report.checkpoint = await self._save(trainer_engine, processor)
+        return report
+
+    async def _run_eval(
+        self,
+        flow: Any,
+        engine: Any,
+        tasks: list[Task],
+        step: int,
+        recorder: Any,
+        kind: str,
+        tally: EpisodeTally,
+        task_row: Any,
+    ) -> float:
+        rows = [dict(task_row(t), global_step=step) for t in tasks]
+        total = len(rows) * flow.config.group_size
+        model = str(self.loaded.cua.agent.model_path or "embedded tiny Qwen3-VL")
+        if kind == "baseline":
+            recorder.baseline_started(model, total_tasks=total)
+        else:
+            recorder.eval_started(step, model, total_tasks=total)
+        results = await asyncio.gather(
+            *(flow.arun_episode(engine, row) for row in rows), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                logger.error("%s group failed: %r", kind, result)
+        outcome = {
+            "success_rate": tally.success_rate,
+            "avg_reward": tally.reward_mean,
+            "avg_turns": sum(tally.turns) / len(tally.turns) if tally.turns else 0.0,
+            "successful_tasks": tally.successes,
+            "completed_tasks": tally.completed,
+        }
+        if kind == "baseline":
+            recorder.baseline_finished(**outcome)
+        else:
+            recorder.eval_finished(step, **outcome)
+        return tally.success_rate
+
+    async def _save(self, trainer_engine: Any, processor: Any) -> Path:
+        from areal.api.io_struct import SaveLoadMeta
+
+        path = self.run_dir / "checkpoints" / f"version-{trainer_engine.get_version()}"
+        meta = SaveLoadMeta(
+            path=str(path), weight_format="hf", with_optim=False, processor=processor
+        )
+        await asyncio.to_thread(trainer_engine.save, meta)
+        with contextlib.suppress(OSError):
+            latest = self.run_dir / "checkpoints" / "latest"
+            if latest.is_symlink() or latest.exists():
+                latest.unlink()
+            latest.symlink_to(path.name)
+        return path

@@ -1,0 +1,86 @@
+"""Configuration of the agent loop (``AgentConfig``): serializable, so AReaL can ship it to
+rollout workers as plain ``workflow_kwargs``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from areal.api.cli_args import GenerationHyperparameters
+from pydantic import BaseModel, ConfigDict, Field
+
+Family = Literal["mai_ui", "qwen3_vl"]
+
+
+class SamplingConfig(BaseModel):
+    """Per-turn generation settings (turned into AReaL's ``GenerationHyperparameters``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    greedy: bool = False
+
+    def to_gconfig(self, stop_token_ids: list[int]) -> GenerationHyperparameters:
+        return GenerationHyperparameters(
+            n_samples=1,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            greedy=self.greedy,
+            stop_token_ids=list(stop_token_ids),
+        )
+
+
+class GymConfig(BaseModel):
+    """Which environment to run on: the embedded simulator or a gym server over HTTP."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["sim", "http"] = "sim"
+    base_url: str | None = None
+    gym_id: str = "sim"
+    seed: int = 0
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the gym client constructor (timeouts, allow-lists)."""
+
+
+class AgentConfig(BaseModel):
+    """Everything the episode loop and the workflow need, apart from the model weights.
+
+    Reward of an episode: ``R = evaluation.reward - format_penalty * parse_errors``. Turn ``t`` of
+    ``T`` gets ``turn_discount ** (T - 1 - t) * A`` where ``A`` is ``R`` or, with
+    ``group_reward_norm`` (the default), ``(R - mean) / (std + eps)`` over the group's episodes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: Family = "mai_ui"
+    model_path: str | None = None
+    """The model (tokenizer + processor) directory; ``None`` means the embedded tiny model."""
+    prompt: dict[str, Any] = Field(default_factory=dict)
+    """Overrides for ``default_prompt_config(family, **prompt)``."""
+    dialect: dict[str, Any] = Field(default_factory=dict)
+    """Options for ``get_dialect(family, **dialect)``."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    gym: GymConfig = Field(default_factory=GymConfig)
+
+    max_turns: int = Field(15, ge=1)
+    turn_timeout_s: float = Field(120.0, gt=0.0)
+    """Limit on every single phase call of a turn (gym call, prompt build, generation)."""
+    episode_timeout_s: float = Field(600.0, gt=0.0)
+    """Time budget of one episode; running out ends it like ``max_turns`` (an agent failure)."""
+    close_timeout_s: float = Field(30.0, gt=0.0)
+    max_consecutive_parse_errors: int = Field(3, ge=1)
+
+    format_penalty: float = Field(0.05, ge=0.0)
+    """Subtracted from the episode reward once per unparseable turn."""
+    turn_discount: float = Field(0.9, gt=0.0, le=1.0)
+    group_size: int = Field(4, ge=1)
+    group_reward_norm: bool = True
+    """Normalise rewards per episode inside the workflow (set AReaL's ``actor.reward_norm`` off)."""
+    reward_norm_eps: float = Field(1e-6, gt=0.0)
+    infra_retries: int = Field(1, ge=0)
+    """Fresh-execution retries of an episode that failed for infrastructure reasons."""

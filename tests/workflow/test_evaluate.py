@@ -1,0 +1,73 @@
+"""``python -m cua_native.evaluate``: a real run on the SimGym with the tiny model, and the
+one-line errors for bad options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cua_native.evaluate import main, select_tasks
+from cua_native.gym.protocol import Task
+
+
+def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path, capsys) -> None:
+    code = main(
+        [
+            "--model",
+            str(tiny_dir),
+            "--episodes",
+            "3",
+            "--concurrency",
+            "2",
+            "--run-dir",
+            str(tmp_path),
+            "--json",
+            "--no-progress",
+            "--seed",
+            "1",
+        ]
+    )
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert code == 0
+    assert summary["episodes"] == 3
+    assert summary["completed"] + summary["rejected"] == 3
+    assert summary["leaked_executions"] == 0
+    assert set(summary["parse_errors"]) >= {"format", "tool_name", "tool_arg"}
+    assert {"success_rate", "turns_mean", "token_mismatches"} <= set(summary)
+    assert any(line.startswith("TOTAL") for line in out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--episodes", "0"], "--episodes must be >= 1"),
+        (["--gym-id", "x"], "--gym-id needs --gym-url"),
+        (["--config", "/nonexistent.yaml"], "no such file"),
+        (["--model", "/nonexistent"], "not a model directory"),
+    ],
+)
+def test_bad_options_give_one_line_errors(argv, message, tmp_path: Path, capsys) -> None:
+    code = main([*argv, "--run-dir", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    assert len(err) == 1 and message in err[0]
+
+
+def test_bad_config_field(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("max_turns: -1\n")
+    assert main(["--config", str(config), "--no-progress"]) == 2
+    assert "max_turns" in capsys.readouterr().err
+
+
+def test_task_selection() -> None:
+    tasks = [Task(task_id=f"t{i}") for i in range(5)]
+    assert [t.task_id for t in select_tasks(tasks, "1-3")] == ["t1", "t2", "t3"]
+    assert [t.task_id for t in select_tasks(tasks, "t4,0")] == ["t4", "t0"]
+    assert len(select_tasks(tasks, None)) == 5
+    for bad in ("nope", "3-9", "4-2"):
+        with pytest.raises(ValueError):
+            select_tasks(tasks, bad)
