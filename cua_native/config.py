@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -229,8 +230,20 @@ BASE_LAYER: dict[str, Any] = {
 """AReaL fields every CUA run shares; a config file or override replaces any of them."""
 
 
+def default_config_path() -> Path:
+    """``configs/default.yaml``: in a checkout it sits next to the package; a built wheel
+    carries it inside the package (``pyproject.toml`` force-includes it)."""
+    beside = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+    if beside.is_file():
+        return beside
+    return Path(str(resources.files("cua_native").joinpath("configs/default.yaml")))
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LoadedConfig:
-    """Load ``path`` (YAML) over the defaults, apply ``a.b=c`` overrides, validate everything."""
+    """Load ``path`` (YAML; default ``configs/default.yaml``, the embedded default) over
+    AReaL's defaults, apply ``a.b=c`` overrides, validate everything."""
+    if path is None:
+        path = default_config_path()
     schema = OmegaConf.structured(CUATrainConfig)
     layers = [schema, OmegaConf.create(BASE_LAYER)]
     if path is not None:

@@ -110,6 +110,7 @@ def make_kit(
         http=http,
         allowed_media_domains=allowed_media_domains,
         dialect=dialect,
+        encode_images=config.encode_images,
     )
     return Turnkit(
         builder=builder,

@@ -67,6 +67,10 @@ class AgentConfig(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     gym: GymConfig = Field(default_factory=GymConfig)
 
+    encode_images: bool = True
+    """Encode screenshots as PNG/base64 for the request (remote SGLang/vLLM engines need them);
+    the in-process engine reads the pixel tensors directly, so the embedded default turns it off."""
+
     max_turns: int = Field(15, ge=1)
     turn_timeout_s: float = Field(120.0, gt=0.0)
     """Limit on every single phase call of a turn (gym call, prompt build, generation)."""

@@ -10,10 +10,11 @@ from cua_native.prompts.builder import (
 )
 from cua_native.prompts.config import PromptConfig, PromptConfigError, default_prompt_config
 from cua_native.prompts.history import HistoryStep
-from cua_native.prompts.images import ImageDecodeError, PreparedImage
+from cua_native.prompts.images import UNENCODED_IMAGE_URL, ImageDecodeError, PreparedImage
 from cua_native.prompts.request import PromptTokenMismatch
 
 __all__ = [
+    "UNENCODED_IMAGE_URL",
     "BuiltPrompt",
     "HistoryStep",
     "ImageDecodeError",

@@ -4,6 +4,10 @@ Deterministic given (task, history, current image, config). Budgets: at most
 ``config.max_images`` images, at most ``config.max_context_tokens`` prompt tokens counted with
 the processor's real tokenizer and image grids. Over budget, the oldest past screenshot goes
 first, then the oldest text turn; the system prompt, the task and the current screenshot stay.
+
+Per turn the heavy work is done once per screenshot: ``prepare_image`` resizes it, computes
+its pixel tensors and (with ``encode_images``) its PNG; ``build`` only renders the template,
+tokenizes the text, expands the pads and concatenates cached tensors (``request.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
+from time import perf_counter
 from typing import Any, TypeVar
 
 import httpx
@@ -33,8 +38,23 @@ from cua_native.prompts.history import (
     initial_window,
     shrink,
 )
-from cua_native.prompts.images import PreparedImage, prepare_image, sizing_from_processor
-from cua_native.prompts.request import count_tokens, model_request, run_processor
+from cua_native.prompts.images import (
+    PreparedImage,
+    message_url,
+    prepare_image,
+    sizing_from_processor,
+    unencoded_url,
+)
+from cua_native.prompts.pixels import image_features, kernel_matches
+from cua_native.prompts.request import (
+    ProcessedPrompt,
+    TokenizedPrompt,
+    expand_prompt,
+    model_request,
+    run_processor,
+    supports_fast_path,
+    tokenize_prompt,
+)
 
 T = TypeVar("T")
 
@@ -48,9 +68,11 @@ class PromptTooLong(ValueError):
 @dataclass
 class BuiltPrompt:
     messages: list[dict[str, Any]]
-    """OpenAI-style messages; image parts are data URLs or the gym's URL."""
+    """OpenAI-style messages; image parts are data URLs or the gym's URL (with
+    ``encode_images=False``: the gym's URL or ``UNENCODED_IMAGE_URL``)."""
     input_ids: list[int]
     multi_modal_input: dict[str, torch.Tensor]
+    """Read-only: tensors may be shared with the images' caches."""
     images: list[PreparedImage]
     request: ModelRequest
     dropped: dict[str, int] = field(default_factory=dict)
@@ -75,20 +97,37 @@ def render_messages(
     config: PromptConfig,
     dialect: Dialect | None = None,
     window: HistoryWindow | None = None,
+    *,
+    encode_images: bool = True,
 ) -> tuple[list[dict[str, Any]], list[PreparedImage]]:
     """The family's messages and images in prompt order; no processor, no budget beyond the
-    image window (``history_images``, ``max_images``) unless ``window`` is given."""
+    image window (``history_images``, ``max_images``) unless ``window`` is given. With
+    ``encode_images`` image parts are data URLs (PNG-encodes images not yet encoded)."""
     check_history(history)
     if window is None:
         window = initial_window(len(history), config.history_images or 1, config.max_images)
     family = mai_ui if config.family == "mai_ui" else qwen3_vl
     return family.render_messages(
-        task, history, current, config, dialect or dialect_for(config), window
+        task,
+        history,
+        current,
+        config,
+        dialect or dialect_for(config),
+        window,
+        message_url if encode_images else unencoded_url,
     )
 
 
 class PromptBuilder:
-    """Builds one turn's prompt. Holds no per-episode state: safe to share across episodes."""
+    """Builds one turn's prompt. Holds no per-episode state: safe to share across episodes.
+
+    ``encode_images``: PNG/base64 each screenshot once for ``request.image_data`` and data URLs
+    in ``messages`` (AReaL's remote SGLang/vLLM engines need them); an in-process engine that
+    reads ``metadata["multi_modal_input"]`` can set it ``False`` and skip the encoding.
+    ``use_processor``: run the processor on the whole prompt every turn (the reference path;
+    taken anyway for processors the fast path does not cover). ``fast`` and ``pixel_kernel``
+    say which path was taken (``pixels.patchify`` is used only when checked exact at start).
+    """
 
     def __init__(
         self,
@@ -100,11 +139,16 @@ class PromptBuilder:
         allowed_media_domains: Sequence[str] = (),
         fetch_timeout: float = DEFAULT_FETCH_TIMEOUT,
         dialect: Dialect | None = None,
+        encode_images: bool = True,
+        use_processor: bool = False,
     ) -> None:
         self.config = config
         self.processor = processor
         self.sizing = sizing_from_processor(processor, config.min_pixels, config.max_pixels)
         self.dialect = dialect or dialect_for(config)
+        self.encode_images = encode_images
+        self.fast = not use_processor and supports_fast_path(processor)
+        self.pixel_kernel = self.fast and kernel_matches(processor.image_processor)
         self._executor = executor
         self._http = http
         self._allowed = tuple(allowed_media_domains)
@@ -115,18 +159,34 @@ class PromptBuilder:
             return await asyncio.to_thread(fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
 
-    async def prepare_image(self, screenshot: Screenshot) -> PreparedImage:
-        """Decode (or fetch from an allow-listed URL) and resize, off the event loop."""
-        if screenshot.url is not None:
+    async def prepare_image(
+        self, screenshot: Screenshot, *, timings: dict[str, float] | None = None
+    ) -> PreparedImage:
+        """Decode (or fetch from an allow-listed URL), resize, and compute the pixel tensors
+        (and PNG) once, off the event loop. ``timings`` gets seconds for ``decode``,
+        ``resize``, ``pixels`` and (with ``encode_images``) ``encode``."""
+        url = screenshot.url
+        if url is not None:
             if self._http is None:
                 raise ValueError("a screenshot URL needs PromptBuilder(http=httpx.AsyncClient())")
-            data = await fetch_image_url(
-                self._http, screenshot.url, self._allowed, self._fetch_timeout
+            source: bytes | Any = await fetch_image_url(
+                self._http, url, self._allowed, self._fetch_timeout
             )
-            return await self._off_loop(prepare_image, data, self.sizing, screenshot.url)
-        source = screenshot.png if screenshot.png is not None else screenshot.image
-        assert source is not None  # Screenshot guarantees exactly one
-        return await self._off_loop(prepare_image, source, self.sizing)
+        else:
+            source = screenshot.png if screenshot.png is not None else screenshot.image
+            assert source is not None  # Screenshot guarantees exactly one
+        return await self._off_loop(self._prepare_blocking, source, url, timings)
+
+    def _prepare_blocking(
+        self, source: Any, url: str | None, timings: dict[str, float] | None
+    ) -> PreparedImage:
+        image = prepare_image(source, self.sizing, url, timings, encode=self.encode_images)
+        if self.fast:
+            start = perf_counter()
+            image_features(self.processor.image_processor, image, kernel=self.pixel_kernel)
+            if timings is not None:
+                timings["pixels"] = perf_counter() - start
+        return image
 
     async def build(
         self,
@@ -134,36 +194,51 @@ class PromptBuilder:
         history: Sequence[HistoryStep],
         current: PreparedImage,
         gconfig: GenerationHyperparameters,
+        *,
+        timings: dict[str, float] | None = None,
     ) -> BuiltPrompt:
         """The prompt for this turn, within the image and token budgets (``PromptTooLong`` if
-        the minimum does not fit)."""
+        the minimum does not fit). One off-loop call. ``timings`` gets seconds for
+        ``template_tokenize`` (render + tokenize, budget retries included), ``assemble``
+        (pad expansion and tensors; the processor run with ``use_processor``) and ``request``.
+
+        History screenshots older than the image window can never return to a later prompt
+        (the window only moves forward), so their cached tensors and PNG are released here.
+        """
         check_history(history)
+        history = list(history)
+        return await self._off_loop(self._build_blocking, task, history, current, gconfig, timings)
+
+    def _build_blocking(
+        self,
+        task: Task,
+        history: list[HistoryStep],
+        current: PreparedImage,
+        gconfig: GenerationHyperparameters,
+        timings: dict[str, float] | None,
+    ) -> BuiltPrompt:
         config = self.config
-        window: HistoryWindow | None = initial_window(
-            len(history), config.history_images or 1, config.max_images
-        )
-        while True:
-            assert window is not None
-            messages, images = render_messages(task, history, current, config, self.dialect, window)
-            tokens = await self._off_loop(count_tokens, self.processor, messages, images)
-            if tokens <= config.max_context_tokens:
-                break
-            smaller = shrink(window)
-            if smaller is None:
-                raise PromptTooLong(
-                    f"the minimum prompt (system, task, current screenshot) is {tokens} tokens, "
-                    f"over max_context_tokens={config.max_context_tokens}"
-                )
-            window = smaller
-        processed = await self._off_loop(run_processor, self.processor, messages, images)
-        if len(processed.input_ids) != tokens:
-            raise RuntimeError(
-                f"prompt length {len(processed.input_ids)} differs from the counted {tokens}"
-            )
+        start = perf_counter()
+        window = initial_window(len(history), config.history_images or 1, config.max_images)
+        _release_outside(history, window, current)
+        messages, images, tokenized, window = self._fit(task, history, current, window)
+        tokenized_at = perf_counter()
+        processed = self._process(tokenized, messages, images)
+        assembled_at = perf_counter()
         lost = dropped(window, config.history_images or 1)
         request = model_request(
-            processed, messages, images, self.processor, gconfig, {"dropped": lost}
+            processed,
+            messages,
+            images,
+            self.processor,
+            gconfig,
+            {"dropped": lost},
+            encode_images=self.encode_images,
         )
+        if timings is not None:
+            timings["template_tokenize"] = tokenized_at - start
+            timings["assemble"] = assembled_at - tokenized_at
+            timings["request"] = perf_counter() - assembled_at
         return BuiltPrompt(
             messages=messages,
             input_ids=processed.input_ids,
@@ -173,3 +248,61 @@ class PromptBuilder:
             dropped=lost,
             text=processed.text,
         )
+
+    def _fit(
+        self,
+        task: Task,
+        history: list[HistoryStep],
+        current: PreparedImage,
+        window: HistoryWindow,
+    ) -> tuple[list[dict[str, Any]], list[PreparedImage], TokenizedPrompt, HistoryWindow]:
+        """Shrink ``window`` until the prompt fits ``max_context_tokens``."""
+        while True:
+            messages, images = render_messages(
+                task,
+                history,
+                current,
+                self.config,
+                self.dialect,
+                window,
+                encode_images=self.encode_images,
+            )
+            tokenized = tokenize_prompt(self.processor, messages, images)
+            if tokenized.length <= self.config.max_context_tokens:
+                return messages, images, tokenized, window
+            smaller = shrink(window)
+            if smaller is None:
+                raise PromptTooLong(
+                    f"the minimum prompt (system, task, current screenshot) is "
+                    f"{tokenized.length} tokens, over "
+                    f"max_context_tokens={self.config.max_context_tokens}"
+                )
+            window = smaller
+
+    def _process(
+        self,
+        tokenized: TokenizedPrompt,
+        messages: list[dict[str, Any]],
+        images: list[PreparedImage],
+    ) -> ProcessedPrompt:
+        if self.fast:
+            processed = expand_prompt(self.processor, tokenized, images, kernel=self.pixel_kernel)
+        else:
+            processed = run_processor(self.processor, messages, images)
+        if len(processed.input_ids) != tokenized.length:
+            raise RuntimeError(
+                f"prompt length {len(processed.input_ids)} differs from the counted "
+                f"{tokenized.length}"
+            )
+        return processed
+
+
+def _release_outside(
+    history: Sequence[HistoryStep], window: HistoryWindow, current: PreparedImage
+) -> None:
+    """Release the caches of past screenshots before the image window (not shown again)."""
+    kept = {id(current)}
+    kept.update(id(history[i].screenshot) for i in window.turns if window.has_image(i))
+    for step in history[: max(window.first_image, window.first_turn)]:
+        if id(step.screenshot) not in kept:
+            step.screenshot.release_cache()

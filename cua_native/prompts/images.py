@@ -1,23 +1,43 @@
-"""Screenshots → the exact image the model sees: decode, RGB, ``smart_resize``, PNG encode.
+"""Screenshots → the exact image the model sees: decode, RGB, ``smart_resize``; PNG on demand.
 
 Everything here is synchronous CPU work; ``PromptBuilder`` runs it off the event loop. The
 resized size is a multiple of the processor's ``patch_size · merge_size`` (32 for Qwen3-VL,
 28 for Qwen2.5-VL) inside its pixel budget, so the processor (called with ``do_resize=False``)
 sees exactly ``model_size`` and ``image_grid_thw`` is ``(1, h/patch, w/patch)``.
+
+A ``PreparedImage`` carries a private cache: its PNG/base64 encoding (computed on first use of
+``png_base64``) and its pixel tensors per image-processor configuration (``pixels.py``). Each
+is computed at most once per image, whatever the number of turns it stays in the prompt.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, TypeVar
 
 from PIL import Image, UnidentifiedImageError
 from qwen_vl_utils import smart_resize
 
+T = TypeVar("T")
+
 PNG_COMPRESS_LEVEL = 1
 """Fast lossless encoding: the engine must get the same pixels, not the smallest file."""
+
+RESIZE_REDUCING_GAP = 2.0
+"""PIL's two-step downscale (integer box reduce, then bicubic from at most 2× the target):
+about twice as fast as a plain bicubic on a 5× phone-screenshot downscale, visually the same.
+Exactness is unaffected: the same resized image goes to the processor and to the engine."""
+
+_PNG_KEY = "png_base64"
+
+
+UNENCODED_IMAGE_URL = "cua-native:unencoded-image"
+"""The image URL in messages built without encoding (``PromptBuilder(encode_images=False)``):
+the pixels travel as tensors; ``BuiltPrompt.images`` still holds the images."""
 
 
 class ImageDecodeError(ValueError):
@@ -30,15 +50,25 @@ class PreparedImage:
 
     ``model_size`` is the size of ``image`` (the resized input); ``original_size`` the
     screenshot's. Normalized coordinates are relative to both, so they map back exactly.
-    ``png_base64`` is ``image`` as PNG (what SGLang/vLLM receive); ``source_url`` the gym's URL
-    when the screenshot came as one (shown in ``messages`` instead of a data URL).
+    ``source_url`` is the gym's URL when the screenshot came as one (shown in messages instead
+    of a data URL). ``png_base64`` (what SGLang/vLLM receive) is encoded on first access;
+    call it off the event loop, or let ``PromptBuilder(encode_images=True)`` do it.
     """
 
     image: Image.Image
     original_size: tuple[int, int]
     model_size: tuple[int, int]
-    png_base64: str
     source_url: str | None = None
+    _cache: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def png_base64(self) -> str:
+        """``image`` as base64 PNG. Blocking on first access (then cached)."""
+        return self.cached(_PNG_KEY, lambda: encode_png_base64(self.image))
+
+    @property
+    def is_encoded(self) -> bool:
+        return _PNG_KEY in self._cache
 
     @property
     def data_url(self) -> str:
@@ -48,6 +78,33 @@ class PreparedImage:
     def message_url(self) -> str:
         """The URL put in chat messages: the gym's URL if there was one, else a data URL."""
         return self.source_url or self.data_url
+
+    def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()`` once per ``key`` for this image (races only compute twice)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = compute()
+            self._cache[key] = value
+            return value
+
+    def release_cache(self) -> None:
+        """Forget the PNG and pixel tensors (recomputed if ever needed again)."""
+        self._cache.clear()
+
+
+ImageUrl = Callable[[PreparedImage], str]
+"""What a message shows for an image (``message_url`` or ``unencoded_url``)."""
+
+
+def message_url(image: PreparedImage) -> str:
+    """The gym's URL, else a data URL (encodes the PNG if not yet done: blocking)."""
+    return image.message_url
+
+
+def unencoded_url(image: PreparedImage) -> str:
+    """The gym's URL, else ``UNENCODED_IMAGE_URL``: never encodes."""
+    return image.source_url or UNENCODED_IMAGE_URL
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +173,15 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def resize_for_model(image: Image.Image, sizing: ImageSizing) -> Image.Image:
-    """Bicubic resize to the ``smart_resize`` size (PIL's default filter in qwen-vl-utils)."""
+def resize_for_model(
+    image: Image.Image, sizing: ImageSizing, reducing_gap: float | None = RESIZE_REDUCING_GAP
+) -> Image.Image:
+    """Bicubic resize to the ``smart_resize`` size (``reducing_gap``: see
+    ``RESIZE_REDUCING_GAP``; ``None`` is a plain bicubic like qwen-vl-utils)."""
     size = sizing.model_size(*image.size)
     if size == image.size:
         return image
-    return image.resize(size, Image.Resampling.BICUBIC)
+    return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=reducing_gap)
 
 
 def encode_png_base64(image: Image.Image) -> str:
@@ -135,13 +195,14 @@ def prepare_image(
     sizing: ImageSizing,
     source_url: str | None = None,
     timings: dict[str, float] | None = None,
+    *,
+    encode: bool = False,
 ) -> PreparedImage:
     """Decode (bytes) or take (PIL) a screenshot and make the model's image. Blocking.
 
-    ``timings``, when given, receives seconds per phase: ``decode``, ``resize``, ``encode``.
+    ``encode`` fills the PNG cache now (else on first ``png_base64``). ``timings``, when given,
+    receives seconds per phase: ``decode``, ``resize`` (and ``encode`` with ``encode``).
     """
-    from time import perf_counter
-
     start = perf_counter()
     image = decode_image(source) if isinstance(source, bytes | bytearray) else source
     if not isinstance(image, Image.Image):
@@ -153,16 +214,14 @@ def prepare_image(
     if resized is image and image is source:
         resized = image.copy()
     resized_at = perf_counter()
-    encoded = encode_png_base64(resized)
-    done = perf_counter()
+    prepared = PreparedImage(
+        image=resized, original_size=original, model_size=resized.size, source_url=source_url
+    )
+    if encode:
+        prepared.png_base64  # noqa: B018 (fills the cache)
     if timings is not None:
         timings["decode"] = decoded - start
         timings["resize"] = resized_at - decoded
-        timings["encode"] = done - resized_at
-    return PreparedImage(
-        image=resized,
-        original_size=original,
-        model_size=resized.size,
-        png_base64=encoded,
-        source_url=source_url,
-    )
+        if encode:
+            timings["encode"] = perf_counter() - resized_at
+    return prepared

@@ -24,7 +24,7 @@ from cua_native.actions.dialects import Dialect
 from cua_native.gym.protocol import Task
 from cua_native.prompts.config import PromptConfig
 from cua_native.prompts.history import HistoryStep, HistoryWindow, format_past_action
-from cua_native.prompts.images import PreparedImage
+from cua_native.prompts.images import ImageUrl, PreparedImage, message_url
 
 ANDROID_WORLD_APPS = '`["Camera","Chrome","Clock","Contacts","Dialer","Files","Settings","Markor","Tasks","Simple Draw Pro","Simple Gallery Pro","Simple SMS Messenger","Audio Recorder","Pro Expense","Broccoli APP","OSMand","VLC","Joplin","Retro Music","OpenTracks","Simple Calendar Pro"]`'
 MOBILE_WORLD_APPS = '`["Contacts", "Settings", "Clock", "Maps", "Chrome", "Calendar", "files", "Gallery", "Taodian", "Mattermost", "Mastodon", "Mail", "SMS", "Camera"]`'
@@ -66,8 +66,8 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _image_message(image: PreparedImage) -> dict[str, Any]:
-    part = {"type": "image_url", "image_url": {"url": image.message_url}}
+def _image_message(image: PreparedImage, image_url: ImageUrl) -> dict[str, Any]:
+    part = {"type": "image_url", "image_url": {"url": image_url(image)}}
     return {"role": "user", "content": [part]}
 
 
@@ -84,6 +84,7 @@ def render_messages(
     config: PromptConfig,
     dialect: Dialect,
     window: HistoryWindow,
+    image_url: ImageUrl = message_url,
 ) -> tuple[list[dict[str, Any]], list[PreparedImage]]:
     """OpenAI-style messages and the images in prompt order. Pure and deterministic."""
     messages: list[dict[str, Any]] = [
@@ -95,12 +96,12 @@ def render_messages(
     for index in window.turns:
         step = history[index]
         if window.has_image(index):
-            messages.append(_image_message(step.screenshot))
+            messages.append(_image_message(step.screenshot, image_url))
             images.append(step.screenshot)
         assistant = _assistant_text(step, dialect, thinking)
         messages.append({"role": "assistant", "content": [_text_part(assistant)]})
         if step.feedback:
             messages.append({"role": "user", "content": [_text_part(step.feedback)]})
-    messages.append(_image_message(current))
+    messages.append(_image_message(current, image_url))
     images.append(current)
     return messages, images

@@ -29,7 +29,7 @@ from cua_native.actions.models import AskUser, ToolCall
 from cua_native.gym.protocol import Task
 from cua_native.prompts.config import PromptConfig
 from cua_native.prompts.history import HistoryStep, HistoryWindow, format_past_action
-from cua_native.prompts.images import PreparedImage
+from cua_native.prompts.images import ImageUrl, PreparedImage, message_url
 
 _POINT = (
     "(x, y): The x (pixels from the left edge) and y (pixels from the top edge) coordinates "
@@ -364,13 +364,14 @@ def render_messages(
     config: PromptConfig,
     dialect: Dialect,
     window: HistoryWindow,
+    image_url: ImageUrl = message_url,
 ) -> tuple[list[dict[str, Any]], list[PreparedImage]]:
     """OpenAI-style messages and the images in prompt order. Pure and deterministic."""
     steps = "".join(f"Step {i + 1}: {step_text(history[i], dialect)}; " for i in window.turns)
     images = [history[i].screenshot for i in window.turns if window.has_image(i)]
     images.append(current)
     content: list[dict[str, Any]] = [{"type": "text", "text": user_query(task, steps, config)}]
-    content += [{"type": "image_url", "image_url": {"url": im.message_url}} for im in images]
+    content += [{"type": "image_url", "image_url": {"url": image_url(im)}} for im in images]
     messages = [
         {"role": "system", "content": [{"type": "text", "text": system_prompt(config, current)}]},
         {"role": "user", "content": content},

@@ -1,9 +1,16 @@
-"""Messages + images → the model's own processor → exact ids, tensors and an AReaL request.
+"""Messages + images → exact ids, tensors and an AReaL request.
 
-All functions here are blocking; ``PromptBuilder`` runs them off the event loop. The chat
-template is rendered once with one ``<|image_pad|>`` per image and the processor expands each
-pad to ``grid_t·grid_h·grid_w / merge²`` tokens exactly once; ids are never re-rendered or
-re-tokenized from an expanded prompt.
+Two paths give the same result (``tests/prompts`` proves it token for token and bit for bit):
+
+* fast (``tokenize_prompt`` + ``expand_prompt``): render the chat template with one
+  ``<|image_pad|>`` per image, tokenize that short text, expand each pad to
+  ``grid_t·grid_h·grid_w / merge²`` ids, and concatenate the images' cached pixel tensors
+  (``pixels.py``). This is what the Qwen2/2.5/3-VL processors do, minus re-normalising every
+  history image and re-tokenizing thousands of pad strings each turn.
+* reference (``run_processor``): the processor itself on the rendered text and the images.
+
+Either way each pad is expanded exactly once; ids are never re-rendered or re-tokenized from an
+expanded prompt. All functions are blocking; ``PromptBuilder`` runs them off the event loop.
 """
 
 from __future__ import annotations
@@ -18,22 +25,47 @@ from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
 from cua_native.prompts.images import PreparedImage
+from cua_native.prompts.pixels import concat_features, image_features
 
 VLLM_IMAGE_PLACEHOLDER = "placeholder"
 """AReaL's vLLM backend replaces every ``image_url`` with ``req.image_data`` in order."""
 
+FAST_PATH_PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
+"""Processors whose ``__call__`` the fast path reproduces (same pad expansion and
+``mm_token_type_ids``); any other processor goes through ``run_processor``."""
+
 
 class PromptTokenMismatch(RuntimeError):
-    """The processor's ids disagree with the image grid (double expansion or a lost image)."""
+    """The ids disagree with the image grid (double expansion or a lost image)."""
 
 
 @dataclass
 class ProcessedPrompt:
     input_ids: list[int]
     multi_modal_input: dict[str, torch.Tensor]
-    """``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (batch dim 1)."""
+    """``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (batch dim 1 for the
+    ids). Read-only: tensors may be shared with the images' caches."""
     text: str
     """The rendered chat template (one pad per image), for logs and the monitor."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    """The rendered template and its ids with one pad id per image (not yet expanded)."""
+
+    text: str
+    ids: list[int]
+    image_tokens: tuple[int, ...]
+    """Tokens each image expands to, in prompt order."""
+
+    @property
+    def length(self) -> int:
+        """The exact prompt length after expansion."""
+        return len(self.ids) + sum(self.image_tokens) - len(self.image_tokens)
+
+
+def supports_fast_path(processor: Any) -> bool:
+    return type(processor).__name__ in FAST_PATH_PROCESSORS
 
 
 def tokenizer_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,32 +116,101 @@ def _tokenizer(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
-def count_tokens(
-    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[PreparedImage]
-) -> int:
-    """The exact prompt length, without running the image processor."""
-    text = render_text(processor, messages)
-    tokenizer = _tokenizer(processor)
+def _image_token_id(processor: Any) -> int:
+    token_id = getattr(processor, "image_token_id", None)
+    if token_id is None:
+        token_id = _tokenizer(processor).convert_tokens_to_ids(processor.image_token)
+    return int(token_id)
+
+
+def _check_pads(processor: Any, text: str, images: Sequence[PreparedImage]) -> None:
     pads = text.count(processor.image_token)
     if pads != len(images):
         raise PromptTokenMismatch(
             f"the template rendered {pads} image pads for {len(images)} images"
         )
-    ids = tokenizer(text)["input_ids"]
-    return len(ids) + sum(image_token_count(processor, im) - 1 for im in images)
+
+
+def tokenize_prompt(
+    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[PreparedImage]
+) -> TokenizedPrompt:
+    """Render and tokenize with one pad per image; no image processing."""
+    text = render_text(processor, messages)
+    _check_pads(processor, text, images)
+    ids: list[int] = _tokenizer(processor)(text)["input_ids"]
+    pad_id = _image_token_id(processor)
+    if sum(1 for token in ids if token == pad_id) != len(images):
+        raise PromptTokenMismatch(
+            f"the tokenizer did not make one {processor.image_token} id per image"
+        )
+    counts = tuple(image_token_count(processor, im) for im in images)
+    return TokenizedPrompt(text=text, ids=ids, image_tokens=counts)
+
+
+def count_tokens(
+    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[PreparedImage]
+) -> int:
+    """The exact prompt length, without running the image processor."""
+    return tokenize_prompt(processor, messages, images).length
+
+
+def mm_token_type_ids(processor: Any, input_ids: Sequence[int]) -> torch.Tensor:
+    """``(1, L)`` int64: 1 on image pads, 2 on video pads, 0 elsewhere (as the processor)."""
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    types = (ids == _image_token_id(processor)).long()
+    video_id = getattr(processor, "video_token_id", None)
+    if video_id is not None:
+        types += (ids == int(video_id)).long() * 2
+    return types
+
+
+def expand_prompt(
+    processor: Any,
+    tokenized: TokenizedPrompt,
+    images: Sequence[PreparedImage],
+    *,
+    kernel: bool = False,
+) -> ProcessedPrompt:
+    """The fast path's ids and tensors: pads expanded once, cached pixels concatenated
+    (images without cached pixels get them now; ``kernel``: see ``pixels.image_features``)."""
+    if len(tokenized.image_tokens) != len(images):
+        raise PromptTokenMismatch(
+            f"the prompt was tokenized for {len(tokenized.image_tokens)} images, got {len(images)}"
+        )
+    image_processor = processor.image_processor
+    features = [image_features(image_processor, im, kernel=kernel) for im in images]
+    merge = int(image_processor.merge_size)
+    pad_id = _image_token_id(processor)
+    input_ids: list[int] = []
+    start = 0
+    pads = iter(zip(features, tokenized.image_tokens, strict=True))
+    for position, token in enumerate(tokenized.ids):
+        if token != pad_id:
+            continue
+        feature, expected = next(pads)
+        tokens = feature.patches // (merge * merge)
+        if tokens != expected:
+            raise PromptTokenMismatch(
+                f"image_grid_thw {feature.image_grid_thw.tolist()} gives {tokens} tokens, "
+                f"the prepared image size {expected}"
+            )
+        input_ids += tokenized.ids[start:position]
+        input_ids += [pad_id] * tokens
+        start = position + 1
+    input_ids += tokenized.ids[start:]
+    mm = concat_features(features)
+    mm["mm_token_type_ids"] = mm_token_type_ids(processor, input_ids)
+    _check_expansion(processor, input_ids, images, mm.get("image_grid_thw"))
+    return ProcessedPrompt(input_ids=input_ids, multi_modal_input=mm, text=tokenized.text)
 
 
 def run_processor(
     processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[PreparedImage]
 ) -> ProcessedPrompt:
     """Render the template and run the processor on the prepared images (``do_resize=False``:
-    they already have the size the model sees)."""
+    they already have the size the model sees). The reference path."""
     text = render_text(processor, messages)
-    pads = text.count(processor.image_token)
-    if pads != len(images):
-        raise PromptTokenMismatch(
-            f"the template rendered {pads} image pads for {len(images)} images"
-        )
+    _check_pads(processor, text, images)
     kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     if images:
         kwargs["images"] = [im.image for im in images]
@@ -130,7 +231,7 @@ def _check_expansion(
     images: Sequence[PreparedImage],
     grid: torch.Tensor | None,
 ) -> None:
-    pad_id = _tokenizer(processor).convert_tokens_to_ids(processor.image_token)
+    pad_id = _image_token_id(processor)
     found = sum(1 for token in input_ids if token == pad_id)
     merge = int(processor.image_processor.merge_size)
     implied = 0 if grid is None else int(grid.prod(dim=-1).sum()) // (merge * merge)
@@ -149,17 +250,22 @@ def model_request(
     processor: Any,
     gconfig: GenerationHyperparameters,
     metadata: dict[str, Any] | None = None,
+    *,
+    encode_images: bool = True,
 ) -> ModelRequest:
-    """The AReaL request: ids for the token-in paths (SGLang, in-process), base64 PNGs of the
-    images as prepared, the chat messages for vLLM, and the processed tensors in
-    ``metadata["multi_modal_input"]`` so an in-process engine need not run the processor."""
+    """The AReaL request: ids for the token-in paths (SGLang, in-process), the processed
+    tensors in ``metadata["multi_modal_input"]`` so an in-process engine need not run the
+    processor, and with ``encode_images`` the base64 PNGs of the images as prepared
+    (``image_data``) and the chat messages for vLLM. Without it both stay empty: only engines
+    that read ``metadata["multi_modal_input"]`` can serve the request. Blocking when images
+    still need encoding."""
     return ModelRequest(
         input_ids=list(processed.input_ids),
         gconfig=gconfig,
         tokenizer=_tokenizer(processor),
         processor=processor,
-        image_data=[im.png_base64 for im in images],
-        vision_msg_vllm=[vllm_messages(messages)] if images else None,
+        image_data=[im.png_base64 for im in images] if encode_images else [],
+        vision_msg_vllm=[vllm_messages(messages)] if images and encode_images else None,
         metadata={
             **(metadata or {}),
             "multi_modal_input": processed.multi_modal_input,

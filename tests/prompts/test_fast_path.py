@@ -1,0 +1,173 @@
+"""Per-turn work of the fast path: tensors once per image, lazy PNGs, released history."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from areal.api.cli_args import GenerationHyperparameters
+from PIL import Image
+
+from cua_native.actions.dialects import get_dialect
+from cua_native.gym.protocol import Screenshot, Task
+from cua_native.prompts import (
+    HistoryStep,
+    PromptBuilder,
+    PromptTokenMismatch,
+    default_prompt_config,
+    pixels,
+)
+from cua_native.prompts.images import (
+    UNENCODED_IMAGE_URL,
+    ImageSizing,
+    PreparedImage,
+    prepare_image,
+    resize_for_model,
+)
+from cua_native.prompts.request import expand_prompt, tokenize_prompt
+
+GCONFIG = GenerationHyperparameters(max_new_tokens=16)
+TASK = Task(task_id="t", instruction="Open Settings")
+CLICK = (
+    "<thinking>\ntap\n</thinking>\n<tool_call>\n"
+    '{"name":"mobile_use","arguments":{"action":"click","coordinate":[299,399]}}\n</tool_call>'
+)
+
+
+def _step(image: PreparedImage) -> HistoryStep:
+    return HistoryStep(image, get_dialect("mai_ui").parse(CLICK), CLICK)
+
+
+def _image_urls(messages: list[dict]) -> list[str]:
+    return [
+        part["image_url"]["url"]
+        for message in messages
+        for part in message["content"]
+        if part["type"] == "image_url"
+    ]
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+async def test_pixels_are_computed_once_per_image(
+    processor, make_shots, monkeypatch: pytest.MonkeyPatch, kernel: bool
+) -> None:
+    builder = PromptBuilder(default_prompt_config("mai_ui"), processor)
+    assert builder.pixel_kernel
+    builder.pixel_kernel = kernel
+    calls: list[tuple[str, Image.Image]] = []
+    for name in ("compute_features", "patchify"):
+        original = getattr(pixels, name)
+
+        def counting(image_processor, image, _name=name, _original=original):
+            calls.append((_name, image if _name == "patchify" else image.image))
+            return _original(image_processor, image)
+
+        monkeypatch.setattr(pixels, name, counting)
+    shots = make_shots(builder.sizing, 5)
+    history: list[HistoryStep] = []
+    for shot in shots:
+        built = await builder.build(TASK, history, shot, GCONFIG)
+        history.append(_step(shot))
+    assert len(built.images) == 3
+    # 1 + 2 + 3 + 3 + 3 images shown, each normalised once, by the chosen path.
+    used = "patchify" if kernel else "compute_features"
+    assert [(name, id(im)) for name, im in calls] == [(used, id(s.image)) for s in shots]
+    # Turn 5 released turns 1-2 (never shown again); the window's images stay cached.
+    assert [bool(s._cache) for s in shots] == [False, False, True, True, True]
+
+
+@pytest.mark.parametrize("fixture", ["processor", "qwen25_processor"])
+def test_patchify_equals_the_image_processor(
+    request: pytest.FixtureRequest, screens, fixture: str
+) -> None:
+    processor = request.getfixturevalue(fixture)
+    image_processor = processor.image_processor
+    assert pixels.kernel_matches(image_processor)
+    factor = image_processor.patch_size * image_processor.merge_size
+    for width, height in [(factor, factor), (7 * factor, 3 * factor), (9 * factor, 20 * factor)]:
+        image = prepare_image(screens[1].resize((width, height)), ImageSizing(factor, 1, 10**8))
+        mine = pixels.patchify(image_processor, image.image)
+        theirs = pixels.compute_features(image_processor, image)
+        assert mine.pixel_values.dtype == theirs.pixel_values.dtype == torch.float32
+        assert torch.equal(mine.pixel_values, theirs.pixel_values)
+        assert torch.equal(mine.image_grid_thw, theirs.image_grid_thw)
+        assert mine.image_grid_thw.dtype == theirs.image_grid_thw.dtype
+
+
+def test_kernel_only_for_known_image_processors(processor) -> None:
+    from transformers import Qwen2VLImageProcessorFast
+
+    class CustomImageProcessor(Qwen2VLImageProcessorFast):
+        pass
+
+    assert not pixels.kernel_matches(CustomImageProcessor(patch_size=16, merge_size=2))
+    assert pixels.kernel_matches(Qwen2VLImageProcessorFast(patch_size=16, merge_size=2))
+
+
+async def test_prepare_image_does_the_per_screenshot_work(processor, make_png) -> None:
+    builder = PromptBuilder(default_prompt_config("mai_ui"), processor)
+    timings: dict[str, float] = {}
+    shot = await builder.prepare_image(Screenshot(png=make_png(1080, 2400)), timings=timings)
+    assert set(timings) == {"decode", "resize", "pixels", "encode"}
+    assert shot.is_encoded and pixels.image_processor_key(processor.image_processor) in shot._cache
+    build_timings: dict[str, float] = {}
+    await builder.build(TASK, [], shot, GCONFIG, timings=build_timings)
+    assert set(build_timings) == {"template_tokenize", "assemble", "request"}
+
+
+async def test_encode_images_false_encodes_nothing(processor, make_shots) -> None:
+    config = default_prompt_config("mai_ui")
+    lazy = PromptBuilder(config, processor, encode_images=False)
+    eager = PromptBuilder(config, processor)
+    shot = await lazy.prepare_image(Screenshot(image=Image.new("RGB", (1080, 2400), 9)))
+    assert not shot.is_encoded
+    shots = make_shots(lazy.sizing, 2)
+    history = [_step(im) for im in shots]
+    built = await lazy.build(TASK, history, shot, GCONFIG)
+    assert not any(im.is_encoded for im in built.images)
+    assert built.request.image_data == [] and built.request.vision_msg_vllm is None
+    assert built.request.metadata["multi_modal_input"] is built.multi_modal_input
+    assert _image_urls(built.messages) == [UNENCODED_IMAGE_URL] * 3
+    encoded = await eager.build(TASK, history, shot, GCONFIG)
+    assert encoded.input_ids == built.input_ids and encoded.text == built.text
+    assert encoded.request.image_data == [im.png_base64 for im in built.images]
+    assert _image_urls(encoded.messages) == [im.data_url for im in built.images]
+
+
+def test_expansion_mismatches_are_refused(processor, make_shots) -> None:
+    builder = PromptBuilder(default_prompt_config("qwen3_vl"), processor)
+    shot, other = make_shots(builder.sizing, 2)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    tokenized = tokenize_prompt(processor, messages, [shot])
+    with pytest.raises(PromptTokenMismatch, match="tokenized for 1 images, got 2"):
+        expand_prompt(processor, tokenized, [shot, other])
+    # An image whose claimed size disagrees with its pixels (grid 32x14 = 112 tokens).
+    liar = replace(shot, model_size=(256, 512))
+    with pytest.raises(PromptTokenMismatch, match="gives 112 tokens, the prepared image size 128"):
+        expand_prompt(processor, tokenize_prompt(processor, messages, [liar]), [liar])
+    with pytest.raises(ValueError, match="not a multiple of 32"):
+        tokenize_prompt(processor, messages, [replace(shot, model_size=(230, 512))])
+
+
+async def test_a_literal_pad_in_task_text_is_refused(processor, make_shots) -> None:
+    builder = PromptBuilder(default_prompt_config("qwen3_vl"), processor)
+    shot = make_shots(builder.sizing, 1)[0]
+    sneaky = Task(task_id="t", instruction=f"say {processor.image_token}")
+    with pytest.raises(PromptTokenMismatch, match="2 image pads for 1 images"):
+        await builder.build(sneaky, [], shot, GCONFIG)
+
+
+def test_fast_resize_keeps_the_exact_model_size(screens) -> None:
+    settings = [(224, 512, 16 * 1024, 128 * 1024), (1088, 2400, 65536, 16777216)]
+    for width, height, lo, hi in settings:
+        sizing = ImageSizing(32, lo, hi)
+        fast = resize_for_model(screens[0], sizing)
+        plain = resize_for_model(screens[0], sizing, reducing_gap=None)
+        assert fast.size == plain.size == (width, height)
+        assert prepare_image(screens[0], sizing).image.tobytes() == fast.tobytes()
+    smooth = Image.linear_gradient("L").resize((1080, 2400)).convert("RGB")
+    sizing = ImageSizing(32, 16 * 1024, 128 * 1024)
+    fast = resize_for_model(smooth, sizing).tobytes()
+    plain = resize_for_model(smooth, sizing, reducing_gap=None).tobytes()
+    assert max(abs(a - b) for a, b in zip(fast, plain, strict=True)) <= 4
