@@ -213,7 +213,12 @@ async def evaluate(
                 engine=engine,
                 kit=kit,
                 make_context=lambda attempt: EpisodeContext(
-                    task=task, group_id=group_id, attempt=attempt, source="eval", step=ordinal
+                    task=task,
+                    group_id=group_id,
+                    attempt=attempt,
+                    source="baseline",
+                    step=0,
+                    meta={"ordinal": ordinal},
                 ),
                 observer=observer,
             )
@@ -271,6 +276,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="simulator and sampling seed")
     parser.add_argument("--monitor", help="Training Monitor base URL to record the episodes to")
     parser.add_argument(
+        "--monitor-token", help="bearer token for --monitor (default: $CUA_MONITOR_TOKEN)"
+    )
+    parser.add_argument(
+        "--db",
+        help="record to a monitor database: 'sqlite' (RUN_DIR/monitor.db) or a SQLAlchemy URL",
+    )
+    parser.add_argument(
         "--run-dir", help="run directory (model cache under RUN_DIR/.cache; default runs)"
     )
     parser.add_argument("--json", action="store_true", help="last line: a JSON summary")
@@ -298,17 +310,27 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         tasks = select_tasks(await gym.list_tasks(), args.tasks)
         processor = await asyncio.to_thread(load_processor, model_path)
         engine = await load_engine(model_path, seed=args.seed or 0)
-        if args.monitor:
+        if args.monitor or args.db:
             from cua_native.monitor.recorder import recorder_from_config
 
+            token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
             recorder = await asyncio.to_thread(
                 recorder_from_config,
-                None,
+                args.db,
                 args.monitor,
-                os.environ.get("MONITOR_PROJECT_TOKEN"),
+                token,
                 run_dir,
+                model_path=str(model_path),
             )
             await recorder.start()
+            recorder.training_started(
+                model_name=str(model_path),
+                config={"evaluate": config.model_dump(mode="json")},
+                total_steps=0,
+                log_path=str(run_dir),
+            )
+            recorder.tasks_registered(tasks)
+            recorder.baseline_started(str(model_path), total_tasks=args.episodes)
             observer = recorder
         results = await evaluate(
             config,
@@ -321,6 +343,22 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             observer=observer,
             progress=not args.no_progress,
         )
+        if recorder is not None:
+            done = Summary()
+            for _, run in results:
+                done.add(run)
+            recorder.baseline_finished(
+                success_rate=done.successes / done.completed if done.completed else 0.0,
+                avg_reward=done.mean(done.reward),
+                avg_turns=done.mean(done.turns),
+                successful_tasks=done.successes,
+                completed_tasks=done.completed,
+            )
+            recorder.training_finished("completed")
+    except BaseException as error:
+        if recorder is not None:
+            recorder.training_failed(error)
+        raise
     finally:
         if recorder is not None:
             await recorder.aclose()

@@ -1,0 +1,120 @@
+"""Seeded fault injection for the gym server: latency, 5xx answers, dropped connections and a
+hanging create (the orphan scenario).
+
+Every decision comes from a per-route ``random.Random`` seeded with ``(seed, route)``, so the n-th
+request to a route always gets the same fate, whatever the interleaving of other routes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+Route = Literal[
+    "list_tasks", "get_task", "create", "observation", "actions", "evaluate", "terminate"
+]
+ROUTES: tuple[Route, ...] = (
+    "list_tasks",
+    "get_task",
+    "create",
+    "observation",
+    "actions",
+    "evaluate",
+    "terminate",
+)
+
+
+class Latency(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fixed_s: float = Field(0.0, ge=0.0)
+    jitter_s: float = Field(0.0, ge=0.0)
+    """Uniform extra delay in ``[0, jitter_s]``."""
+
+
+class CreateHang(BaseModel):
+    """Sleep ``seconds`` before creating (then create anyway) on a share of creates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float = Field(0.0, ge=0.0)
+    share: float = Field(1.0, ge=0.0, le=1.0)
+    first_n: int | None = Field(None, ge=0)
+    """Only the first n creates may hang (``None``: every create is eligible)."""
+
+
+class FaultProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    latency: Latency = Field(default_factory=Latency)
+    latency_routes: list[Route] | None = None
+    """Routes that get the latency (``None``: all)."""
+    error_share: dict[Route | Literal["*"], float] = Field(default_factory=dict)
+    """Share of requests answered with ``error_status`` before the handler runs; ``*`` = default."""
+    error_status: int = Field(503, ge=500, le=599)
+    drop_share: dict[Route | Literal["*"], float] = Field(default_factory=dict)
+    """Share of requests whose connection is closed without an answer before the handler runs."""
+    create_hang: CreateHang = Field(default_factory=CreateHang)
+
+    @classmethod
+    def load(cls, source: str | Path) -> FaultProfile:
+        """From a JSON/YAML file path, or from inline JSON text."""
+        text = str(source).strip()
+        if text.startswith("{"):
+            return cls.model_validate(json.loads(text))
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"fault profile {str(path)!r} is neither JSON nor a file")
+        raw = path.read_text()
+        data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+        return cls.model_validate(data or {})
+
+    def share_of(self, table: dict[Route | Literal["*"], float], route: Route) -> float:
+        return table.get(route, table.get("*", 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class FaultDecision:
+    delay_s: float = 0.0
+    error: bool = False
+    drop: bool = False
+
+
+class FaultInjector:
+    """Turns a profile into per-request decisions (one RNG stream per route)."""
+
+    def __init__(self, profile: FaultProfile) -> None:
+        self.profile = profile
+        self._rngs = {route: random.Random(f"{profile.seed}:{route}") for route in ROUTES}
+        self._hang_rng = random.Random(f"{profile.seed}:create_hang")
+        self._creates = 0
+
+    def decide(self, route: Route) -> FaultDecision:
+        p = self.profile
+        rng = self._rngs[route]
+        jitter, fail, drop = rng.random(), rng.random(), rng.random()
+        delay = 0.0
+        if p.latency_routes is None or route in p.latency_routes:
+            delay = p.latency.fixed_s + jitter * p.latency.jitter_s
+        return FaultDecision(
+            delay_s=delay,
+            drop=drop < p.share_of(p.drop_share, route),
+            error=fail < p.share_of(p.error_share, route),
+        )
+
+    def create_hang_s(self) -> float:
+        """Seconds the next creation hangs (0: none)."""
+        hang = self.profile.create_hang
+        index = self._creates
+        self._creates += 1
+        draw = self._hang_rng.random()
+        if hang.seconds <= 0 or (hang.first_n is not None and index >= hang.first_n):
+            return 0.0
+        return hang.seconds if draw < hang.share else 0.0

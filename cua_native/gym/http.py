@@ -1,0 +1,410 @@
+"""HTTP client for a genv-compatible gym server (``specs/gym_protocol.md``).
+
+One ``httpx.AsyncClient`` pool per ``HttpGym``; every call has its own timeout (create longest).
+Retries only where safe: reads, evaluate and terminate are retried on transport errors, timeouts
+and 5xx; an action POST never is (it could run twice). A request that never reached the server
+(connect error, pool timeout) is retried on any route.
+
+Creating an execution is the delicate part: a create that timed out may still have created one.
+- Against genv (default, ``idempotent_create=False``) the create is sent once; on a timeout the
+  client raises ``GymTimeout`` and cannot learn the execution id, so it cannot terminate it.
+- Against cua_native's server (``idempotent_create=True``) the options carry a client-generated
+  ``client_request_id`` and ``client_deadline_s``: a retry with the same id returns the SAME
+  execution, and a creation that outlives every client deadline is closed by the server itself.
+  So the client retries a timed-out create safely, and if the caller is cancelled mid-create it
+  reclaims the execution in the background (re-create with the same id, then terminate).
+``HttpExecution.close`` terminates exactly once (shielded from cancellation, retried, never raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from cua_native.actions.models import Action, action_to_json
+from cua_native.gym.protocol import (
+    Evaluation,
+    ExecutionGone,
+    GymError,
+    Observation,
+    StepResult,
+    Task,
+)
+from cua_native.gym.wire import (
+    WireError,
+    evaluation_from_json,
+    observation_from_json,
+    step_result_from_json,
+    task_from_json,
+    tasks_from_json,
+)
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_WAIT_S = 30.0
+
+
+class GymUnavailable(GymError):
+    """The gym could not be reached, or dropped the connection before answering."""
+
+
+class GymTimeout(GymError):
+    """The gym did not answer within the call's timeout."""
+
+
+class GymProtocolError(GymError):
+    """The gym answered with something that is not the protocol's shape."""
+
+
+class GymHTTPError(GymError):
+    """The gym answered with an HTTP error status."""
+
+    def __init__(self, status: int, detail: str, route: str = "") -> None:
+        super().__init__(
+            f"{route}: HTTP {status}: {detail}" if route else f"HTTP {status}: {detail}"
+        )
+        self.status = status
+        self.detail = detail
+        self.route = route
+
+
+class TaskNotFound(GymHTTPError, LookupError):
+    """404 on a task route."""
+
+
+class ExecutionNotFound(GymHTTPError, ExecutionGone):
+    """404 on an execution route: the execution is gone (terminated, expired, unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GymTimeouts:
+    """Seconds per call (``connect`` applies to every call)."""
+
+    connect: float = 10.0
+    read: float = 60.0
+    """Task list/detail and observation."""
+    create: float = 600.0
+    act: float = 120.0
+    evaluate: float = 300.0
+    terminate: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 3
+    """Total tries of a retry-safe call (reads, evaluate, terminate, idempotent create)."""
+    backoff_s: float = 0.5
+    backoff_max_s: float = 8.0
+    retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
+
+    def delay(self, attempt: int) -> float:
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class StepRoutes:
+    """Path templates of the step-level routes (genv does not publish its own); placeholders
+    ``{gym_id}`` and ``{execution_id}``."""
+
+    observation: str = "/api/v1/{gym_id}/executions/{execution_id}/observation"
+    actions: str = "/api/v1/{gym_id}/executions/{execution_id}/actions"
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    route: str
+    timeout: float
+    retry: bool
+    not_found: type[GymHTTPError] = GymHTTPError
+
+
+class HttpGym:
+    """``Gym`` over HTTP. Pass ``client`` to share a pool (then ``aclose`` leaves it open).
+    ``timeouts``/``retries``/``routes`` also accept plain mappings (from YAML config)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        gym_id: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        timeouts: GymTimeouts | Mapping[str, float] = GymTimeouts(),
+        retries: RetryPolicy | Mapping[str, Any] = RetryPolicy(),
+        routes: StepRoutes | Mapping[str, str] = StepRoutes(),
+        allowed_media_domains: Sequence[str] = (),
+        idempotent_create: bool = False,
+        max_connections: int = 64,
+    ) -> None:
+        if not gym_id:
+            raise ValueError("gym_id must be a non-empty string")
+        self.base_url = base_url.rstrip("/")
+        self.gym_id = gym_id
+        self.timeouts = timeouts if isinstance(timeouts, GymTimeouts) else GymTimeouts(**timeouts)
+        if not isinstance(retries, RetryPolicy):
+            retries = dict(retries)
+            if "retry_statuses" in retries:
+                retries["retry_statuses"] = frozenset(retries["retry_statuses"])
+            retries = RetryPolicy(**retries)
+        self.retries = retries
+        self.routes = routes if isinstance(routes, StepRoutes) else StepRoutes(**routes)
+        self.allowed_media_domains = tuple(allowed_media_domains)
+        self.idempotent_create = idempotent_create
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    def _gym_path(self, suffix: str) -> str:
+        return f"/api/v1/{quote(self.gym_id, safe='')}{suffix}"
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _request(
+        self, method: str, path: str, call: _Call, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
+        if self._closed:
+            raise GymUnavailable(f"{call.route}: HttpGym for {self.gym_id!r} is closed")
+        timeout = httpx.Timeout(call.timeout, connect=self.timeouts.connect)
+        attempts = max(1, self.retries.attempts)
+        for attempt in range(1, attempts + 1):
+            error: GymError
+            try:
+                response = await self._client.request(
+                    method, self._url(path), json=body, timeout=timeout
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                error, retry = GymUnavailable(f"{call.route}: cannot reach gym: {exc!r}"), True
+                error.__cause__ = exc
+            except httpx.TimeoutException as exc:
+                error = GymTimeout(f"{call.route}: no answer within {call.timeout} s: {exc!r}")
+                error.__cause__, retry = exc, call.retry
+            except httpx.TransportError as exc:
+                error = GymUnavailable(f"{call.route}: connection failed mid-request: {exc!r}")
+                error.__cause__, retry = exc, call.retry
+            else:
+                if response.status_code < 400:
+                    return response
+                error = _http_error(response, call)
+                retry = call.retry and response.status_code in self.retries.retry_statuses
+            if not retry or attempt == attempts:
+                raise error
+            log.info(
+                "%s failed (attempt %d/%d), retrying: %s", call.route, attempt, attempts, error
+            )
+            await asyncio.sleep(self.retries.delay(attempt))
+        raise AssertionError("unreachable")
+
+    async def _json(
+        self, method: str, path: str, call: _Call, body: dict[str, Any] | None = None
+    ) -> Any:
+        response = await self._request(method, path, call, body)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise GymProtocolError(f"{call.route}: answer is not JSON: {exc}") from exc
+
+    # -- Gym ------------------------------------------------------------------------------------
+
+    async def list_tasks(self) -> list[Task]:
+        data = await self._json(
+            "GET", self._gym_path("/tasks"), _Call("list_tasks", self.timeouts.read, True)
+        )
+        try:
+            return tasks_from_json(data)
+        except WireError as exc:
+            raise GymProtocolError(f"list_tasks: {exc}") from exc
+
+    async def get_task(self, task_id: str) -> Task:
+        call = _Call("get_task", self.timeouts.read, True, TaskNotFound)
+        data = await self._json("GET", self._gym_path(f"/tasks/{quote(task_id, safe='')}"), call)
+        try:
+            return task_from_json(data)
+        except WireError as exc:
+            raise GymProtocolError(f"get_task: {exc}") from exc
+
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> HttpExecution:
+        body_options = dict(options or {})
+        if self.idempotent_create:
+            body_options["client_request_id"] = uuid.uuid4().hex
+            body_options["client_deadline_s"] = self.timeouts.create
+        path = self._gym_path(f"/tasks/{quote(task.task_id, safe='')}")
+        call = _Call("create", self.timeouts.create, self.idempotent_create, TaskNotFound)
+        body = {"options": body_options}
+        try:
+            data = await self._json("POST", path, call, body)
+        except asyncio.CancelledError:
+            if self.idempotent_create:
+                self._spawn(self._reclaim(path, body))
+            raise
+        execution_id = data.get("execution_id") if isinstance(data, dict) else None
+        if not isinstance(execution_id, str | int) or isinstance(execution_id, bool):
+            raise GymProtocolError(f"create: answer has no 'execution_id': {str(data)[:200]}")
+        device = data.get("device") if isinstance(data.get("device"), dict) else {}
+        return HttpExecution(self, str(execution_id), task, device=device, created=data)
+
+    async def _reclaim(self, path: str, body: dict[str, Any]) -> None:
+        """After a cancelled create: get the execution it made (same request id), terminate it."""
+        try:
+            data = await self._json(
+                "POST", path, _Call("create", self.timeouts.create, True, TaskNotFound), body
+            )
+            execution_id = data.get("execution_id") if isinstance(data, dict) else None
+            if execution_id is not None:
+                await self._terminate(str(execution_id))
+        except GymError as exc:
+            log.info("reclaim after a cancelled create found nothing to release: %s", exc)
+        except Exception:
+            log.exception("reclaim after a cancelled create failed")
+
+    async def _terminate(self, execution_id: str) -> bool:
+        """Terminate with retries; ``True`` when the gym confirmed (or it was already gone)."""
+        path = self._gym_path(f"/executions/{quote(execution_id, safe='')}/terminate")
+        call = _Call("terminate", self.timeouts.terminate, True, ExecutionNotFound)
+        try:
+            await self._request("POST", path, call)
+            return True
+        except ExecutionNotFound:
+            log.info("terminate: execution %s was already gone", execution_id)
+            return True
+        except GymError as exc:
+            log.warning("terminate of execution %s failed: %s", execution_id, exc)
+            return False
+        except Exception:
+            log.exception("terminate of execution %s failed", execution_id)
+            return False
+
+    async def aclose(self) -> None:
+        """Wait (bounded) for background terminates/reclaims, then close an owned pool."""
+        if self._closed:
+            return
+        if self._background:
+            _done, pending = await asyncio.wait(set(self._background), timeout=BACKGROUND_WAIT_S)
+            for task in pending:
+                task.cancel()
+        self._closed = True
+        if self._owns_client:
+            await self._client.aclose()
+
+
+@dataclass(eq=False)
+class HttpExecution:
+    """``Execution`` of an ``HttpGym``. ``device`` is the create answer's device object (genv:
+    ``device_serial``; ours: ``width``/``height``); ``created`` the whole answer."""
+
+    gym: HttpGym
+    execution_id: str
+    task: Task
+    device: dict[str, Any] = field(default_factory=dict)
+    created: dict[str, Any] = field(default_factory=dict)
+    _closing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    terminated: bool | None = field(default=None, init=False)
+    """After ``close``: whether the gym confirmed the terminate."""
+
+    def _path(self, template: str) -> str:
+        return template.format(
+            gym_id=quote(self.gym.gym_id, safe=""),
+            execution_id=quote(self.execution_id, safe=""),
+        )
+
+    def _exec_path(self, suffix: str) -> str:
+        return self.gym._gym_path(f"/executions/{quote(self.execution_id, safe='')}{suffix}")
+
+    def _check_open(self, route: str) -> None:
+        if self._closing is not None:
+            raise ExecutionGone(f"{route}: execution {self.execution_id} is closed")
+
+    async def observe(self) -> Observation:
+        self._check_open("observation")
+        call = _Call("observation", self.gym.timeouts.read, True, ExecutionNotFound)
+        response = await self.gym._request("GET", self._path(self.gym.routes.observation), call)
+        return await asyncio.to_thread(
+            _decode, response.content, observation_from_json, self.gym.allowed_media_domains
+        )
+
+    async def act(self, action: Action) -> StepResult:
+        """Never retried once sent. A 4xx other than 404 means the gym refused the action: that
+        is an ``ok=False`` result for the agent, and the execution stays usable."""
+        self._check_open("actions")
+        call = _Call("actions", self.gym.timeouts.act, False, ExecutionNotFound)
+        body = {"action": action_to_json(action)}
+        try:
+            response = await self.gym._request(
+                "POST", self._path(self.gym.routes.actions), call, body
+            )
+        except ExecutionNotFound:
+            raise
+        except GymHTTPError as exc:
+            if 400 <= exc.status < 500:
+                return StepResult(ok=False, error=f"gym refused the action: {exc.detail}")
+            raise
+        return await asyncio.to_thread(
+            _decode, response.content, step_result_from_json, self.gym.allowed_media_domains
+        )
+
+    async def evaluate(self, answer: str | None = None) -> Evaluation:
+        self._check_open("evaluate")
+        body: dict[str, Any] = {"execution_data": {} if answer is None else {"answer": answer}}
+        if answer is not None:
+            body["answer_text"] = answer
+        call = _Call("evaluate", self.gym.timeouts.evaluate, True, ExecutionNotFound)
+        data = await self.gym._json("POST", self._exec_path("/evaluate"), call, body)
+        try:
+            return evaluation_from_json(data)
+        except WireError as exc:
+            raise GymProtocolError(f"evaluate: {exc}") from exc
+
+    async def close(self) -> None:
+        """Terminate exactly once. Shielded: cancelling ``close`` does not stop the terminate
+        (the gym's ``aclose`` waits for it). Never raises for gym failures; logs them."""
+        if self._closing is None:
+            self._closing = self.gym._spawn(self._run_terminate())
+        try:
+            await asyncio.shield(self._closing)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # the terminate itself was cancelled (the gym's aclose gave up waiting): logged, done
+            log.warning("terminate of execution %s was cancelled", self.execution_id)
+
+    async def _run_terminate(self) -> None:
+        self.terminated = await self.gym._terminate(self.execution_id)
+
+
+def _decode(content: bytes, parse: Any, allowed: Sequence[str]) -> Any:
+    try:
+        return parse(json.loads(content), allowed)
+    except (ValueError, WireError) as exc:
+        raise GymProtocolError(f"malformed gym answer: {exc}") from exc
+
+
+def _http_error(response: httpx.Response, call: _Call) -> GymHTTPError:
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        detail = response.text
+    if not isinstance(detail, str):
+        detail = json.dumps(detail)
+    cls = call.not_found if response.status_code == 404 else GymHTTPError
+    return cls(response.status_code, detail[:2000], call.route)

@@ -1,0 +1,427 @@
+"""Serve any ``Gym`` over the HTTP routes of ``specs/gym_protocol.md`` (FastAPI + uvicorn).
+
+    python -m cua_native.gym.server --host 127.0.0.1 --port 5010 [--gym sim] [--seed N]
+        [--fault-profile FILE|JSON]
+
+Orphan-free creation (beyond genv's protocol, ignored by genv): a create may carry
+``options.client_request_id`` and ``options.client_deadline_s``.
+- A create with a request id already seen returns the SAME execution (waiting for it when its
+  creation is still running) instead of starting a second one, so a client may retry a create that
+  timed out.
+- The deadline says how long the client waits for this answer. When a creation finishes after the
+  latest deadline of its request (minus a margin for the answer to travel), nobody is waiting any
+  more: the server closes the execution itself and answers 504, so a hung create leaves no orphan.
+Both keys are removed from the options before ``Gym.start`` sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from cua_native.actions.models import action_from_json
+from cua_native.gym.faults import FaultInjector, FaultProfile, Route
+from cua_native.gym.protocol import Execution, ExecutionGone, Gym, GymError, Task
+from cua_native.gym.wire import (
+    evaluation_to_json,
+    observation_to_json,
+    step_result_to_json,
+    task_to_json,
+)
+
+log = logging.getLogger(__name__)
+
+DEADLINE_MARGIN_MAX_S = 1.0
+DEADLINE_MARGIN_SHARE = 0.1
+SHUTDOWN_CREATE_WAIT_S = 30.0
+
+
+class CreateExpired(Exception):
+    """A creation finished after every client waiting for it had given up."""
+
+
+@dataclass
+class _Live:
+    execution: Execution
+    request_key: tuple[str, str] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
+class _PendingCreate:
+    task_id: str
+    task: asyncio.Task[str] | None = None
+    deadline: float | None = None
+    """Loop time after which no client waits for the answer; ``None``: someone waits forever."""
+    unbounded: bool = False
+
+    def extend(self, now: float, deadline_s: float | None) -> None:
+        if deadline_s is None:
+            self.unbounded = True
+            return
+        margin = min(DEADLINE_MARGIN_MAX_S, DEADLINE_MARGIN_SHARE * deadline_s)
+        candidate = now + deadline_s - margin
+        self.deadline = candidate if self.deadline is None else max(self.deadline, candidate)
+
+    def expired(self, now: float) -> bool:
+        return not self.unbounded and self.deadline is not None and now > self.deadline
+
+
+@dataclass
+class GymServerState:
+    """Live executions and counters (``created``/``closed`` let tests prove nothing leaks)."""
+
+    gyms: Mapping[str, Gym]
+    injector: FaultInjector | None = None
+    live: dict[tuple[str, str], _Live] = field(default_factory=dict)
+    gone: set[tuple[str, str]] = field(default_factory=set)
+    by_request: dict[tuple[str, str], _PendingCreate] = field(default_factory=dict)
+    creations: set[asyncio.Task[str]] = field(default_factory=set)
+    created: list[tuple[str, str]] = field(default_factory=list)
+    closed: Counter[tuple[str, str]] = field(default_factory=Counter)
+    reaped: list[tuple[str, str]] = field(default_factory=list)
+    terminate_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def gym(self, gym_id: str) -> Gym:
+        gym = self.gyms.get(gym_id)
+        if gym is None:
+            raise HTTPException(404, f"unknown gym {gym_id!r}; known: {sorted(self.gyms)}")
+        return gym
+
+    def execution(self, gym_id: str, execution_id: str) -> _Live:
+        self.gym(gym_id)
+        live = self.live.get((gym_id, execution_id))
+        if live is None:
+            state = "terminated" if (gym_id, execution_id) in self.gone else "unknown"
+            raise HTTPException(404, f"{state} execution {execution_id!r} in gym {gym_id!r}")
+        return live
+
+    async def close_execution(self, key: tuple[str, str], execution: Execution) -> None:
+        self.gone.add(key)
+        self.closed[key] += 1
+        try:
+            await execution.close()
+        except Exception:
+            log.exception("closing execution %s failed", key)
+
+    async def shutdown(self) -> None:
+        """Let running creations finish (they register or reap), then close everything live."""
+        if self.creations:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SHUTDOWN_CREATE_WAIT_S):
+                    await asyncio.gather(*self.creations, return_exceptions=True)
+        for task in list(self.creations):
+            task.cancel()
+        while self.live:
+            key, live = self.live.popitem()
+            await self.close_execution(key, live.execution)
+
+
+def _route_of(method: str, path: str) -> Route | None:
+    parts = path.strip("/").split("/")
+    if len(parts) < 4 or parts[:2] != ["api", "v1"]:
+        return None
+    rest = parts[3:]
+    if rest == ["tasks"] and method == "GET":
+        return "list_tasks"
+    if len(rest) == 2 and rest[0] == "tasks":
+        return "get_task" if method == "GET" else "create" if method == "POST" else None
+    if len(rest) == 3 and rest[0] == "executions":
+        route = {"observation": "observation", "actions": "actions", "evaluate": "evaluate"}
+        route["terminate"] = "terminate"
+        return route.get(rest[2])  # type: ignore[return-value]
+    return None
+
+
+class FaultMiddleware:
+    """ASGI middleware applying a ``FaultInjector`` before the routes run.
+
+    A drop sends the status line and headers announcing a body, then returns without the body:
+    uvicorn then closes the socket, and the client sees a connection cut mid-answer.
+    """
+
+    def __init__(self, app: ASGIApp, injector: FaultInjector) -> None:
+        self.app = app
+        self.injector = injector
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = _route_of(scope.get("method", ""), scope.get("path", ""))
+        if scope["type"] != "http" or route is None:
+            await self.app(scope, receive, send)
+            return
+        decision = self.injector.decide(route)
+        if decision.delay_s > 0:
+            await asyncio.sleep(decision.delay_s)
+        if decision.drop:
+            log.info("fault: dropping %s %s", scope["method"], scope["path"])
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"64")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return
+        if decision.error:
+            status = self.injector.profile.error_status
+            body = json.dumps({"detail": f"injected fault: HTTP {status} on {route}"}).encode()
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+async def _json_object(request: Request, *, allow_empty: bool) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise HTTPException(400, "request body must be a JSON object, got an empty body")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise HTTPException(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise HTTPException(400, f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _action_error(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        where = f"action.{loc}" if loc else "action.type"
+        problems.append(f"{where}: {err['msg']}")
+    return "invalid action: " + "; ".join(problems)
+
+
+async def _find_task(gym: Gym, task_id: str) -> Task:
+    try:
+        return await gym.get_task(task_id)
+    except (LookupError, ExecutionGone) as exc:
+        raise HTTPException(404, f"unknown task {task_id!r} in gym {gym.gym_id!r}") from exc
+
+
+async def _device_of(execution: Execution) -> dict[str, Any]:
+    """Screen size (attributes, else one observation) and serial; never fails the create,
+    which would orphan the execution just registered."""
+    width, height = getattr(execution, "width", None), getattr(execution, "height", None)
+    if not (isinstance(width, int) and isinstance(height, int)):
+        try:
+            obs = await execution.observe()
+            width, height = obs.width, obs.height
+        except Exception:
+            log.exception("could not read the screen size of %s", execution.execution_id)
+            return {}
+    device: dict[str, Any] = {"width": width, "height": height}
+    serial = getattr(execution, "device_serial", None)
+    if isinstance(serial, str):
+        device["device_serial"] = serial
+    return device
+
+
+def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> FastAPI:
+    """A FastAPI app serving ``gyms`` (by gym id). State: ``app.state.gym_server``."""
+    state = GymServerState(gyms=dict(gyms), injector=FaultInjector(faults) if faults else None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await state.shutdown()
+
+    app = FastAPI(title="cua_native gym server", lifespan=lifespan)
+    app.state.gym_server = state
+    if state.injector is not None:
+        app.add_middleware(FaultMiddleware, injector=state.injector)
+
+    @app.exception_handler(ExecutionGone)
+    async def _gone(_: Request, exc: ExecutionGone) -> JSONResponse:
+        return JSONResponse({"detail": f"execution gone: {exc}"}, status_code=404)
+
+    @app.exception_handler(GymError)
+    async def _gym_failed(_: Request, exc: GymError) -> JSONResponse:
+        return JSONResponse({"detail": f"gym error: {exc}"}, status_code=502)
+
+    @app.get("/api/v1/{gym_id}/tasks")
+    async def list_tasks(gym_id: str) -> dict[str, Any]:
+        tasks = await state.gym(gym_id).list_tasks()
+        return {"tasks": [task_to_json(t) for t in tasks]}
+
+    @app.get("/api/v1/{gym_id}/tasks/{task_id}")
+    async def get_task(gym_id: str, task_id: str) -> dict[str, Any]:
+        return task_to_json(await _find_task(state.gym(gym_id), task_id))
+
+    async def run_creation(
+        gym_id: str,
+        gym: Gym,
+        task: Task,
+        options: dict[str, Any],
+        pending: _PendingCreate,
+        request_id: str | None,
+    ) -> str:
+        hang = state.injector.create_hang_s() if state.injector else 0.0
+        if hang:
+            log.info("fault: create of %s hangs %.2f s", task.task_id, hang)
+            await asyncio.sleep(hang)
+        execution = await gym.start(task, options)
+        key = (gym_id, execution.execution_id)
+        state.created.append(key)
+        if pending.expired(asyncio.get_running_loop().time()):
+            state.reaped.append(key)
+            await state.close_execution(key, execution)
+            raise CreateExpired(f"execution {execution.execution_id!r} finished after the deadline")
+        state.live[key] = _Live(execution, (gym_id, request_id) if request_id else None)
+        return execution.execution_id
+
+    @app.post("/api/v1/{gym_id}/tasks/{task_id}")
+    async def create(gym_id: str, task_id: str, request: Request) -> dict[str, Any]:
+        gym = state.gym(gym_id)
+        body = await _json_object(request, allow_empty=True)
+        options = body.get("options") or {}
+        if not isinstance(options, dict):
+            raise HTTPException(422, "body field 'options' must be an object")
+        options = dict(options)
+        request_id = options.pop("client_request_id", None)
+        deadline_s = options.pop("client_deadline_s", None)
+        if request_id is not None and not isinstance(request_id, str):
+            raise HTTPException(422, "options.client_request_id must be a string")
+        if deadline_s is not None and not (isinstance(deadline_s, int | float) and deadline_s > 0):
+            raise HTTPException(422, "options.client_deadline_s must be a positive number")
+        task = await _find_task(gym, task_id)
+        now = asyncio.get_running_loop().time()
+        pending = state.by_request.get((gym_id, request_id)) if request_id else None
+        if pending is not None and pending.task_id != task.task_id:
+            raise HTTPException(
+                409, f"client_request_id {request_id!r} was used for task {pending.task_id!r}"
+            )
+        if pending is None:
+            pending = _PendingCreate(task.task_id)
+            pending.extend(now, deadline_s)
+            creation = asyncio.create_task(
+                run_creation(gym_id, gym, task, options, pending, request_id)
+            )
+            pending.task = creation
+            state.creations.add(creation)
+            creation.add_done_callback(state.creations.discard)
+            if request_id:
+                state.by_request[(gym_id, request_id)] = pending
+        else:
+            pending.extend(now, deadline_s)
+        assert pending.task is not None
+        try:
+            execution_id = await asyncio.shield(pending.task)
+        except CreateExpired as exc:
+            raise HTTPException(504, f"creation exceeded the client's deadline: {exc}") from exc
+        except Exception:
+            # nothing was created: a retry with the same request id starts afresh
+            if request_id and state.by_request.get((gym_id, request_id)) is pending:
+                del state.by_request[(gym_id, request_id)]
+            raise
+        key = (gym_id, execution_id)
+        if key not in state.live:
+            raise HTTPException(409, f"execution {execution_id!r} of this request is terminated")
+        device = await _device_of(state.live[key].execution)
+        return {"execution_id": execution_id, "task_id": task.task_id, "device": device}
+
+    @app.get("/api/v1/{gym_id}/executions/{execution_id}/observation")
+    async def observation(gym_id: str, execution_id: str) -> dict[str, Any]:
+        live = state.execution(gym_id, execution_id)
+        async with live.lock:
+            obs = await live.execution.observe()
+        return await observation_to_json(obs)
+
+    @app.post("/api/v1/{gym_id}/executions/{execution_id}/actions")
+    async def actions(gym_id: str, execution_id: str, request: Request) -> dict[str, Any]:
+        live = state.execution(gym_id, execution_id)
+        body = await _json_object(request, allow_empty=False)
+        if "action" not in body:
+            raise HTTPException(422, "body field 'action' is required")
+        try:
+            action = action_from_json(body["action"])
+        except ValidationError as exc:
+            raise HTTPException(422, _action_error(exc)) from exc
+        async with live.lock:
+            result = await live.execution.act(action)
+        return await step_result_to_json(result)
+
+    @app.post("/api/v1/{gym_id}/executions/{execution_id}/evaluate")
+    async def evaluate(gym_id: str, execution_id: str, request: Request) -> dict[str, Any]:
+        live = state.execution(gym_id, execution_id)
+        body = await _json_object(request, allow_empty=True)
+        answer = body.get("answer_text")
+        data = body.get("execution_data")
+        if answer is None and isinstance(data, dict) and isinstance(data.get("answer"), str):
+            answer = data["answer"]
+        if answer is not None and not isinstance(answer, str):
+            raise HTTPException(422, "body field 'answer_text' must be a string")
+        async with live.lock:
+            evaluation = await live.execution.evaluate(answer)
+        return evaluation_to_json(evaluation)
+
+    @app.post("/api/v1/{gym_id}/executions/{execution_id}/terminate")
+    async def terminate(gym_id: str, execution_id: str) -> dict[str, Any]:
+        state.gym(gym_id)
+        key = (gym_id, execution_id)
+        state.terminate_requests[key] += 1
+        live = state.live.pop(key, None)
+        if live is None:
+            if key in state.gone:
+                return {"execution_id": execution_id, "terminated": True, "already": True}
+            raise HTTPException(404, f"unknown execution {execution_id!r} in gym {gym_id!r}")
+        if live.request_key is not None:
+            # the client holds the id now and never re-sends this create
+            state.by_request.pop(live.request_key, None)
+        await state.close_execution(key, live.execution)
+        return {"execution_id": execution_id, "terminated": True, "already": False}
+
+    return app
+
+
+def load_gym(spec: str, seed: int) -> Gym:
+    """``sim`` (the embedded simulator) or ``package.module:factory`` called with ``seed=``."""
+    if spec == "sim":
+        from cua_native.gym.sim import SimGym
+
+        return SimGym(seed=seed)
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"--gym must be 'sim' or 'package.module:factory', got {spec!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return factory(seed=seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5010)
+    parser.add_argument("--gym", default="sim", help="'sim' or 'package.module:factory'")
+    parser.add_argument("--gym-id", default=None, help="path id to serve it under")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fault-profile", default=None, help="JSON/YAML file or inline JSON")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    gym = load_gym(args.gym, args.seed)
+    faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
+    app = create_app({args.gym_id or gym.gym_id: gym}, faults)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        asyncio.run(gym.aclose())
+
+
+if __name__ == "__main__":
+    main()
