@@ -1,0 +1,106 @@
+"""The training config: defaults, shipped configs, one clear error per wrong field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from areal.api.cli_args import vLLMConfig
+
+from cua_native.config import ConfigError, default_config_path, load_config
+from cua_native.train import build_config, parse_args
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_no_arguments_loads_the_shipped_default() -> None:
+    assert default_config_path().name == "default.yaml"
+    loaded = load_config()
+    assert loaded.cua.mode == "embedded"
+    assert loaded.cua.agent.gym.kind == "sim"
+    assert loaded.areal.gconfig.n_samples == 1
+    assert loaded.areal.actor.reward_norm is None
+    assert loaded.areal.total_train_steps and loaded.areal.total_train_steps > 0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path: Path) -> None:
+    loaded = load_config(path)
+    assert loaded.cua.agent.family in {"mai_ui", "qwen3_vl"}
+    if loaded.cua.mode == "areal":
+        assert loaded.cua.agent.gym.kind == "http"
+        assert loaded.areal.vllm.max_model_len == 262144
+        assert loaded.areal.vllm.allowed_media_domains
+
+
+def test_shipped_configs_cover_the_families_and_tools() -> None:
+    names = {p.name for p in CONFIGS}
+    assert {
+        "default.yaml",
+        "mai_ui_android.yaml",
+        "qwen3_vl_android.yaml",
+        "qwen3_vl_linux.yaml",
+    } <= names
+    linux = load_config(Path(CONFIGS[0]).parent / "qwen3_vl_linux.yaml")
+    assert linux.cua.agent.dialect.get("tool") == "computer_use"
+    assert linux.cua.agent.prompt.get("variant") == "computer_use"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("cua.agent.family=foo", "cua.agent.family: Input should be 'mai_ui' or 'qwen3_vl'"),
+        ("cua.agent.max_turnz=3", "Did you mean 'max_turns'?"),
+        ("cua.modee=x", "Did you mean 'mode'?"),
+        ("actor.eps_clipp=0.1", "Did you mean 'eps_clip'?"),
+        ("total_train_steps=abc", "total_train_steps"),
+        ("gconfig.n_samples=4", "gconfig.n_samples must be 1"),
+        ("cua.agent.gym.kind=ftp", "Input should be 'sim' or 'http'"),
+        ("cua.mode=areal", "needs a gym server"),
+        ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
+    ],
+)
+def test_a_wrong_field_gives_one_error_naming_it(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=[override])
+    message = str(error.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_reward_norm_conflicts_with_in_workflow_normalisation(tmp_path: Path) -> None:
+    config = tmp_path / "norm.yaml"
+    config.write_text("actor:\n  reward_norm:\n    mean_level: group\n    std_level: group\n")
+    with pytest.raises(ConfigError, match=r"actor\.reward_norm must be null"):
+        load_config(config)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no config file"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cua: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_vllm_command_carries_the_cua_server_settings() -> None:
+    loaded = load_config(CONFIGS[0].parent / "mai_ui_android.yaml")
+    cmd = vLLMConfig.build_cmd(loaded.areal.vllm, tp_size=1, pp_size=1)
+    joined = " ".join(cmd)
+    assert "--max-model-len 262144" in joined
+    assert '--limit-mm-per-prompt {"image": 64}' in joined
+    assert "--allowed-media-domains tos-cn-beijing.volces.com" in joined
+
+
+def test_cli_flags_become_overrides(tmp_path: Path) -> None:
+    args = parse_args(
+        ["--steps", "7", "--run-dir", str(tmp_path), "--no-warm-start", "cua.agent.group_size=3"]
+    )
+    loaded = build_config(args)
+    assert loaded.areal.total_train_steps == 7
+    assert loaded.cua.run_dir == tmp_path
+    assert not loaded.cua.warm_start.enabled
+    assert loaded.cua.agent.group_size == 3
+    with pytest.raises(ConfigError, match="key=value"):
+        build_config(parse_args(["notanoverride"]))
