@@ -345,6 +345,7 @@ async def _model_turn(
         stop_ids = list(kit.gconfig.stop_token_ids)
         text = decode_output(kit.tokenizer, response.output_tokens, stop_ids)
         parsed = kit.dialect.parse(text, image_size=prepared.model_size)
+        token_texts = kit.tokenizer.batch_decode([[t] for t in response.output_tokens])
     prompt_ids = list(response.input_tokens) or sent_ids
     turn = TurnRecord(
         index=index,
@@ -360,6 +361,7 @@ async def _model_turn(
         dropped=dict(built.dropped),
         token_mismatch=prompt_ids != sent_ids,
         timings=timings,
+        output_token_texts=token_texts,
     )
     prompt_mm = dict(built.multi_modal_input) if built.multi_modal_input else {}
     return turn, prompt_mm, prepared

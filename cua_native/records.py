@@ -44,6 +44,8 @@ class TurnRecord:
     timings: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
     """Reward attributed to this turn (after discounting and shaping)."""
+    output_token_texts: list[str] = field(default_factory=list)
+    """Each output token decoded on its own (what the monitor shows next to its log-prob)."""
 
 
 @dataclass(slots=True)

@@ -205,7 +205,14 @@ def turn_rows(context: EpisodeContext, turn: TurnRecord) -> list[Row]:
                 "action_type": None if action is None else action.type,
                 "tool_name": None if action is None else getattr(action, "name", action.type),
                 "tool_args": None if action is None else action.model_dump(mode="json"),
-                "tokens": list(turn.output_ids),
+                "tokens": [
+                    {"id": token, "text": text}
+                    for token, text in zip(
+                        turn.output_ids,
+                        turn.output_token_texts or [str(t) for t in turn.output_ids],
+                        strict=False,
+                    )
+                ],
                 "logprobs": list(turn.output_logprobs),
                 "num_tokens": len(turn.output_ids),
             },

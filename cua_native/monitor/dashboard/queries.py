@@ -137,7 +137,8 @@ def _tokens(action: Action) -> list[dict[str, Any]]:
     if not isinstance(logprobs, list):
         logprobs = []
     out = []
-    for index, token in enumerate(tokens):
+    for index, entry in enumerate(tokens):
+        token = entry.get("text", entry.get("id")) if isinstance(entry, dict) else entry
         logprob = logprobs[index] if index < len(logprobs) else None
         if isinstance(logprob, int | float) and math.isfinite(logprob):
             probability = math.exp(min(0.0, logprob))
