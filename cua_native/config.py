@@ -87,9 +87,9 @@ class WarmStart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    steps: int = Field(300, ge=0)
+    steps: int = Field(150, ge=0)
     lr: float = Field(2e-3, gt=0.0)
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(4, ge=1)
     seed: int = 0
 
 

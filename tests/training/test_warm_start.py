@@ -1,0 +1,181 @@
+"""Warm start: demonstrations are exact SFT rows, AReaL's SFT loss goes down, the result loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from areal.api.io_struct import ModelRequest, ModelResponse
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from cua_native.actions import models as m
+from cua_native.config import WarmStart
+from cua_native.dataset import TaskSource
+from cua_native.prompts import default_prompt_config, dialect_for
+from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action
+from cua_native.training.warm_start import (
+    WARM_START_MARKER,
+    batch_order,
+    score_first_steps,
+    train_sft,
+    warm_start,
+)
+
+ALL = TaskSource(split="all")
+
+
+def _demos(processor: Any, family: str, source: Any) -> list[Demo]:
+    return collect_demos(processor, DemoSpec(family=family, tasks=ALL), source)
+
+
+@pytest.fixture
+def mai_demos(processor: Any, toy_source: Any) -> list[Demo]:
+    return _demos(processor, "mai_ui", toy_source)
+
+
+@pytest.mark.parametrize("family", ["mai_ui", "qwen3_vl"])
+def test_demos_are_exact_sft_rows(processor: Any, family: str, toy_source: Any) -> None:
+    demos = _demos(processor, family, toy_source)
+    tokenizer = processor.tokenizer
+    dialect = dialect_for(default_prompt_config(family))
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert len(demos) == 16  # 8 tasks x (one move + terminate)
+    assert not toy_source.gyms[0].live, "every execution is closed"
+    for demo in demos:
+        ids = demo.sample["input_ids"][0]
+        mask = demo.sample["loss_mask"][0]
+        assert ids.shape == mask.shape == demo.sample["attention_mask"][0].shape
+        # the mask covers exactly the target: a contiguous tail after the prompt
+        assert mask[: demo.prompt_length].sum() == 0
+        assert bool(mask[demo.prompt_length :].all())
+        target = ids[mask.bool()].tolist()
+        assert target[-1] == stop and stop not in target[:-1]
+        text = tokenizer.decode(target[:-1], skip_special_tokens=False)
+        assert text == demo.text
+        parsed = dialect.parse(text, image_size=demo.image_size)
+        assert parsed.ok
+        assert same_action(parsed.action, demo.action, dialect.coordinate_step(demo.image_size))
+        types = demo.sample["mm_token_type_ids"][0]
+        assert int((types == 1).sum()) == int((ids == image_pad).sum()) > 0
+        mm = demo.sample["multi_modal_input"][0]
+        assert set(mm) == {"pixel_values", "image_grid_thw"}
+    by_task: dict[str, list[Demo]] = {}
+    for demo in demos:
+        by_task.setdefault(demo.task_id, []).append(demo)
+    opening = by_task["toy-open-notes"]
+    assert [type(d.action) for d in opening] == [m.Click, m.Terminate]
+    assert "Tap Notes." in opening[0].text
+    # the real history convention: the second prompt carries the first turn
+    second_prompt = tokenizer.decode(opening[1].sample["input_ids"][0, : opening[1].prompt_length])
+    history_hint = "Tap Notes." if family == "mai_ui" else "Step 1"
+    assert history_hint in second_prompt and opening[1].prompt_length > opening[0].prompt_length
+
+
+def test_demos_are_deterministic(processor: Any, mai_demos: list[Demo], toy_source: Any) -> None:
+    again = _demos(processor, "mai_ui", toy_source)
+    assert [d.text for d in again] == [d.text for d in mai_demos]
+    for a, b in zip(again, mai_demos, strict=True):
+        assert torch.equal(a.sample["input_ids"], b.sample["input_ids"])
+        assert torch.equal(
+            a.sample["multi_modal_input"][0]["pixel_values"],
+            b.sample["multi_modal_input"][0]["pixel_values"],
+        )
+
+
+def test_batch_order_is_seeded_and_covers_every_demo() -> None:
+    order = batch_order(10, 4, 5, seed=3)
+    assert order == batch_order(10, 4, 5, seed=3)
+    assert order != batch_order(10, 4, 5, seed=4)
+    assert all(len(b) == 4 and len(set(b)) == 4 for b in order)
+    assert set(order[0] + order[1] + order[2][:2]) == set(range(10))
+    assert [sorted(b) for b in batch_order(3, 8, 2, seed=0)] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_sft_loss_decreases(tiny_dir: Path, mai_demos: list[Demo]) -> None:
+    from cua_native.training.local_engine import LocalTrainEngine
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    engine = LocalTrainEngine(model, lr=2e-3)
+    torch.manual_seed(0)
+    with torch._dynamo.config.patch(disable=True):
+        losses = train_sft(engine, mai_demos[:4], WarmStart(steps=6, batch_size=4))
+    assert len(losses) == 6
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_warm_start_saves_a_loadable_model_dir(
+    tiny_dir: Path, tmp_path: Path, toy_source: Any
+) -> None:
+    out = tmp_path / "warm"
+    report = warm_start(
+        tiny_dir,
+        out,
+        WarmStart(steps=3, batch_size=2, lr=2e-3),
+        "mai_ui",
+        None,
+        progress=False,
+        tasks=TaskSource(split="all", task_ids=["toy-open-notes", "toy-home-from-clock"]),
+        demo_source=toy_source,
+    )
+    assert report.steps == 3 and report.demos == 4 and report.tasks == 2
+    assert report.last_loss < report.first_loss
+    assert json.loads((out / WARM_START_MARKER).read_text())["steps"] == 3
+    AutoProcessor.from_pretrained(out)
+    loaded = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32)
+    base = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    changed = [
+        name
+        for (name, a), (_, b) in zip(
+            loaded.state_dict().items(), base.state_dict().items(), strict=True
+        )
+        if not torch.equal(a, b)
+    ]
+    assert changed, "the saved weights are the trained ones"
+    assert not list(tmp_path.glob(".warm.*")), "no scratch directory left behind"
+
+
+class ReplayEngine:
+    """A real ``agenerate`` that answers every prompt with fixed token ids (no model)."""
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]]) -> None:
+        self.answers = answers
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        output = self.answers[tuple(req.input_ids)]
+        return ModelResponse(
+            input_tokens=list(req.input_ids),
+            output_tokens=output,
+            output_logprobs=[0.0] * len(output),
+            output_versions=[0] * len(output),
+            stop_reason="stop",
+        )
+
+
+async def test_first_step_scores_count_parses_and_matches(
+    processor: Any, mai_demos: list[Demo]
+) -> None:
+    tokenizer = processor.tokenizer
+    dialect = dialect_for(default_prompt_config("mai_ui"))
+    # distinct prompts only: the replay engine answers by prompt ids
+    firsts = [d for d in mai_demos if d.step == 0 and d.task_id.startswith("toy-open-")]
+    answers: dict[tuple[int, ...], list[int]] = {}
+    for index, demo in enumerate(firsts):
+        prompt = tuple(demo.sample["input_ids"][0, : demo.prompt_length].tolist())
+        target = demo.sample["input_ids"][0, demo.prompt_length :].tolist()
+        if index % 4 == 1:  # a wrong but well-formed action
+            text = dialect.format(m.SystemButton(button="back"), thought="Go back.")
+            target = tokenizer(text, add_special_tokens=False)["input_ids"] + target[-1:]
+        elif index % 4 == 2:  # unparseable
+            target = tokenizer("I am not sure.", add_special_tokens=False)["input_ids"]
+        answers[prompt] = target
+    engine = ReplayEngine(answers)
+    score = await score_first_steps(engine, firsts, dialect, tokenizer, greedy=True)
+    assert score.prompts == len(firsts) == 4
+    assert score.parsed == 3 and score.matched == 2
+    assert score.parse_rate == 0.75 and score.match_rate == 0.5
+    sampled = await score_first_steps(engine, firsts, dialect, tokenizer, greedy=False, samples=3)
+    assert sampled.prompts == 12 and sampled.matched == 6
