@@ -1,0 +1,195 @@
+"""``SimGym``: the embedded simulated phone behind the async ``Gym`` protocol (gym id ``sim``).
+
+Each execution owns its own seeded ``PhoneState``; the renderer (fonts, icons) is shared per
+gym. Applying an action and rendering a 1080×2400 frame take a few milliseconds of Pillow
+work, which runs in a worker thread (or the executor given), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from concurrent.futures import Executor
+from typing import Any
+
+from PIL import Image
+
+from cua_native.actions import models as m
+from cua_native.actions.coords import PixelSpace
+from cua_native.gym.protocol import (
+    Evaluation,
+    ExecutionGone,
+    GymError,
+    Observation,
+    Screenshot,
+    StepResult,
+    Task,
+    reward_from_result,
+)
+from cua_native.gym.sim.execute import Phone
+from cua_native.gym.sim.render import Renderer
+from cua_native.gym.sim.screens import build_layout, screen_for
+from cua_native.gym.sim.solver import SwipeStyle, next_step
+from cua_native.gym.sim.state import PhoneState, new_state
+from cua_native.gym.sim.tasks import apply_setup, catalogue, validate
+
+DEFAULT_USER_REPLY = "No further information. Please continue with the task."
+
+
+class UnknownTask(GymError, LookupError):
+    """The simulator has no task with that id."""
+
+
+class SimExecution:
+    """One live simulated phone running one task."""
+
+    def __init__(
+        self, gym: SimGym, execution_id: str, task: Task, state: PhoneState, user_reply: str
+    ) -> None:
+        self.gym = gym
+        self.execution_id = execution_id
+        self.task = task
+        self.state = state
+        self.phone = Phone(state, PixelSpace(gym.width, gym.height), user_reply)
+        self._frame: Image.Image | None = None
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ExecutionGone(f"execution {self.execution_id} is closed")
+
+    def _render(self) -> Image.Image:
+        if self._frame is None:
+            self._frame = self.gym.renderer.render(self.state, build_layout(self.state))
+        return self._frame
+
+    async def observe(self) -> Observation:
+        async with self._lock:
+            self._check()
+            frame = await self.gym.offload(self._render)
+            return Observation(
+                Screenshot(image=frame), self.gym.width, self.gym.height, turn=self.state.turn
+            )
+
+    def _act(self, action: m.Action) -> StepResult:
+        outcome = self.phone.apply(action)
+        self._frame = None
+        return StepResult(ok=outcome.ok, error=outcome.error, feedback=outcome.feedback)
+
+    async def act(self, action: m.Action) -> StepResult:
+        async with self._lock:
+            self._check()
+            return await self.gym.offload(self._act, action)
+
+    async def evaluate(self, answer: str | None = None) -> Evaluation:
+        async with self._lock:
+            self._check()
+            given = answer if answer is not None else self.state.answer
+            validators = tuple(validate(self.task, self.state, given))
+            success = bool(validators) and all(v.passed for v in validators)
+            result = {
+                "success": success,
+                "validators": [
+                    {
+                        "id": v.id,
+                        "pass": v.passed,
+                        "score": v.score,
+                        "weight": v.weight,
+                        "message": v.message,
+                    }
+                    for v in validators
+                ],
+            }
+            return Evaluation(
+                reward=reward_from_result(result, success),
+                success=success,
+                validators=validators,
+                raw=result,
+            )
+
+    def solution_step(self, swipe_style: SwipeStyle = "direction") -> tuple[m.Action, str] | None:
+        """The next action of the task's known solution and a short description of it,
+        or ``None`` when the solution is complete (for demonstrations and tests)."""
+        self._check()
+        return next_step(self.task, self.state, build_layout(self.state), swipe_style)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._frame = None
+            self.gym._live.pop(self.execution_id, None)
+
+
+class SimGym:
+    """The simulated phone as a gym: ``list_tasks``, ``start(task)`` → ``SimExecution``."""
+
+    gym_id = "sim"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        width: int = 1080,
+        height: int = 2400,
+        executor: Executor | None = None,
+        user_reply: str = DEFAULT_USER_REPLY,
+    ) -> None:
+        self.seed = seed
+        self.width, self.height = width, height
+        self.executor = executor
+        self.user_reply = user_reply
+        self.renderer = Renderer(width, height)
+        self._tasks = {t.task_id: t for t in catalogue()}
+        self._ids = itertools.count(1)
+        self._live: dict[str, SimExecution] = {}
+
+    async def offload(self, fn: Any, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, fn, *args)
+
+    @property
+    def live_executions(self) -> int:
+        return len(self._live)
+
+    async def list_tasks(self) -> list[Task]:
+        return [t.model_copy(deep=True) for t in self._tasks.values()]
+
+    async def get_task(self, task_id: str) -> Task:
+        try:
+            return self._tasks[task_id].model_copy(deep=True)
+        except KeyError:
+            raise UnknownTask(
+                f"the simulator has no task {task_id!r} (it has sim-001 … "
+                f"sim-{len(self._tasks):03d})"
+            ) from None
+
+    def new_execution(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
+        """Create an execution synchronously (tests, demonstrations, the HTTP server)."""
+        known = self._tasks.get(task.task_id)
+        if known is None:
+            raise UnknownTask(f"the simulator has no task {task.task_id!r}")
+        options = options or {}
+        seed = int(options.get("seed", self.seed))
+        rng = random.Random(f"{seed}:{task.task_id}")
+        state = new_state(rng)
+
+        def open_page(target: str) -> None:
+            app, _, page = target.partition(":")
+            root = screen_for(app, "main" if app in ("settings", "clock") else "list")
+            state.stack = [state.stack[0], root]
+            if page and page != root.page:
+                state.stack.append(screen_for(app, page))
+
+        apply_setup(state, known, open_page)
+        execution_id = f"sim-{seed}-{next(self._ids)}"
+        execution = SimExecution(self, execution_id, known, state, self.user_reply)
+        self._live[execution_id] = execution
+        return execution
+
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
+        return self.new_execution(task, options)
+
+    async def aclose(self) -> None:
+        for execution in list(self._live.values()):
+            await execution.close()
