@@ -96,12 +96,23 @@ def notify(observer: EpisodeObserver, event: str, *args: Any) -> None:
         logger.exception("observer %s failed", event)
 
 
-async def _guarded(call: Awaitable[T], *, reason: str, limit: float) -> T:
-    """Await a gym or builder call under a timeout; failures become ``InfraFailure(reason)``."""
+async def _guarded(
+    call: Awaitable[T],
+    *,
+    reason: str,
+    limit: float,
+    out_of_time: Callable[[], bool] | None = None,
+) -> T:
+    """Await a gym or builder call under a timeout; failures become ``InfraFailure(reason)``.
+
+    A timeout that fires because the episode's own budget ran out (``out_of_time()``) is the
+    agent's time limit, not a failing environment: it raises ``_OutOfTime`` instead."""
     try:
         async with asyncio.timeout(limit):
             return await call
     except TimeoutError as error:
+        if out_of_time is not None and out_of_time():
+            raise _OutOfTime from error
         raise InfraFailure(reason, f"timed out after {limit:.1f}s") from error
     except (InfraFailure, PromptTooLong):
         raise
@@ -235,14 +246,15 @@ async def _loop(
             record.end_reason = "time_limit"
             return
         timings: dict[str, float] = {}
-        if observation is None:
-            with timer.phase("observe", timings):
-                observation = await _guarded(
-                    execution.observe(),
-                    reason="observe",
-                    limit=min(config.turn_timeout_s, remaining),
-                )
         try:
+            if observation is None:
+                with timer.phase("observe", timings):
+                    observation = await _guarded(
+                        execution.observe(),
+                        reason="observe",
+                        limit=min(config.turn_timeout_s, remaining),
+                        out_of_time=lambda: deadline - clock() <= 0,
+                    )
             reuse = cached[1] if cached is not None and cached[0] is observation else None
             turn, prompt_mm, prepared = await _model_turn(
                 index,
@@ -324,15 +336,22 @@ async def _model_turn(
             raise _OutOfTime
         return min(config.turn_timeout_s, remaining)
 
+    def out_of_time() -> bool:
+        return deadline - clock() <= 0
+
     with timer.phase("prompt", timings):
         if prepared is None:
             prepared = await _guarded(
-                kit.builder.prepare_image(observation.screenshot), reason="prompt", limit=budget()
+                kit.builder.prepare_image(observation.screenshot),
+                reason="prompt",
+                limit=budget(),
+                out_of_time=out_of_time,
             )
         built = await _guarded(
             kit.builder.build(run.record.context.task, list(history), prepared, kit.gconfig),
             reason="prompt",
             limit=budget(),
+            out_of_time=out_of_time,
         )
     request: ModelRequest = built.request
     # Identity for engines and traces (AReaL's engines ignore unknown metadata keys).

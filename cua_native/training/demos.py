@@ -14,6 +14,7 @@ Only paths whose execution evaluates as a success become demonstrations.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -317,24 +318,33 @@ DemoSource = Callable[[Any], tuple[Gym, Solver]]
 """Makes the gym and its solver, given the executor for heavy work."""
 
 
-def sim_source(executor: Any = None) -> tuple[Gym, Solver]:
-    """The embedded simulator and its solution paths."""
-    try:
-        from cua_native.gym.sim import SimGym, solution_step
-    except ImportError as error:
-        raise DemoError(
-            "the simulator's SimGym and solution_step(execution, task) are needed for sim "
-            f"demonstrations: {error}"
-        ) from error
-    return SimGym(seed=0, executor=executor), solution_step
+SWIPE_STYLES: dict[str, str] = {"mai_ui": "direction", "qwen3_vl": "points"}
+"""How each family's dialect writes a swipe (MAI-UI: direction + start; Qwen: two points)."""
 
 
-def collect_demos(processor: Any, spec: DemoSpec, source: DemoSource = sim_source) -> list[Demo]:
+def sim_source(executor: Any = None, swipe_style: str = "direction") -> tuple[Gym, Solver]:
+    """The embedded simulator and its solution paths (``SimExecution.solution_step``)."""
+    from cua_native.gym.sim import SimGym
+
+    async def solve(execution: Any, task: Task) -> tuple[m.Action, str | None] | None:
+        return execution.solution_step(swipe_style)  # type: ignore[no-any-return]
+
+    return SimGym(seed=0, executor=executor), solve
+
+
+def source_for(family: str) -> DemoSource:
+    """``sim_source`` with the swipe form ``family``'s dialect can write."""
+    return functools.partial(sim_source, swipe_style=SWIPE_STYLES.get(family, "direction"))
+
+
+def collect_demos(
+    processor: Any, spec: DemoSpec, source: DemoSource | None = None
+) -> list[Demo]:
     """Blocking: ``demos_from_gym`` in an event loop of its own on a worker thread (callable
     from anywhere, including a thread of a running loop); the gym is closed afterwards."""
 
     async def run(pool: ThreadPoolExecutor) -> list[Demo]:
-        gym, solver = source(pool)
+        gym, solver = (source or source_for(spec.family))(pool)
         try:
             return await demos_from_gym(gym, solver, processor, spec, pool)
         finally:

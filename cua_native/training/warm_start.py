@@ -36,7 +36,6 @@ from cua_native.training.demos import (
     DemoSpec,
     collect_demos,
     same_action,
-    sim_source,
 )
 
 WARM_START_MARKER = "cua_native_warm_start.json"
@@ -146,7 +145,7 @@ def warm_start(
     *,
     tasks: TaskSource | None = None,
     gym_seeds: tuple[int, ...] = (0,),
-    demo_source: DemoSource = sim_source,
+    demo_source: DemoSource | None = None,
     num_threads: int | None = None,
     torch_compile: bool = False,
     device: str = "cpu",
