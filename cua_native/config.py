@@ -195,6 +195,13 @@ def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
             "true (rewards are normalised per episode inside the workflow; AReaL's per-sample "
             "group norm would mix turns of different episodes)"
         )
+    sampled, trained = cua.agent.sampling.temperature, areal.actor.temperature
+    if not cua.agent.sampling.greedy and abs(sampled - trained) > 1e-9:
+        raise ConfigError(
+            f"config error: actor.temperature ({trained}) must equal "
+            f"cua.agent.sampling.temperature ({sampled}): PPO's ratio compares the trainer's "
+            "log-probs with the engine's, which are taken under the sampling temperature"
+        )
     if cua.mode == "areal" and cua.agent.gym.kind == "sim":
         raise ConfigError(
             "config error: cua.agent.gym.kind 'sim' runs in-process only; cua.mode 'areal' "
