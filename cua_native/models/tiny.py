@@ -56,8 +56,9 @@ class TinySpec:
     vision_heads: int = 2
     vision_intermediate_size: int = 64
     min_pixels: int = 16 * 32 * 32
-    max_pixels: int = 128 * 32 * 32
-    """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens)."""
+    max_pixels: int = 64 * 32 * 32
+    """Processor pixel budget: a 1080×2400 screenshot becomes 160×384 (60 image tokens), so a
+    3-screenshot MAI-UI prompt trains in ~0.1 s per sequence on one CPU core."""
     seed: int = 0
 
 
@@ -223,7 +224,14 @@ def build_tiny_qwen3_vl(
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     (directory / "cua_native_tiny.json").write_text(
-        json.dumps({"kind": "tiny-qwen3-vl", "spec": spec.__dict__ if hasattr(spec, "__dict__")
-                    else {f: getattr(spec, f) for f in spec.__slots__}}, indent=2)
+        json.dumps(
+            {
+                "kind": "tiny-qwen3-vl",
+                "spec": spec.__dict__
+                if hasattr(spec, "__dict__")
+                else {f: getattr(spec, f) for f in spec.__slots__},
+            },
+            indent=2,
+        )
     )
     return directory

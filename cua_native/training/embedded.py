@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -191,7 +192,7 @@ class EmbeddedTrainer:
                 processor,
                 recorder,
                 workflow_cls=CUAAgentWorkflow,
-                task_row=task_row,
+                task_row=functools.partial(task_row, gym_id=gym.gym_id),
             )
             recorder.training_finished("completed")
         except BaseException as e:

@@ -58,7 +58,7 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("cua.agent.gym.kind=ftp", "Input should be 'sim' or 'http'"),
         ("cua.mode=areal", "needs a gym server"),
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
-        ("actor.temperature=0.7", "must equal cua.agent.sampling.temperature"),
+        ("actor.temperature=0.9", "must equal cua.agent.sampling.temperature"),
     ],
 )
 def test_a_wrong_field_gives_one_error_naming_it(override: str, expected: str) -> None:

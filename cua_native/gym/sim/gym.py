@@ -109,11 +109,32 @@ class SimExecution:
                 raw=result,
             )
 
-    def solution_step(self, swipe_style: SwipeStyle = "direction") -> tuple[m.Action, str] | None:
-        """The next action of the task's known solution and a short description of it,
-        or ``None`` when the solution is complete (for demonstrations and tests)."""
+    def solution_step(
+        self, swipe_style: SwipeStyle = "direction"
+    ) -> tuple[m.Action, str | None] | None:
+        """The next action of the task's known solution on the current screen and the label of
+        the element it touches (``None`` if none), or ``None`` when the solution is complete
+        (for demonstrations and tests). Cheap (a layout build), so it runs inline; do not call
+        it while an ``act`` of this execution is in flight."""
         self._check()
         return next_step(self.task, self.state, build_layout(self.state), swipe_style)
+
+    async def play_solution(self, swipe_style: SwipeStyle = "direction") -> list[m.Action]:
+        """Act the whole solution path, ending with its ``answer``/``terminate``; returns the
+        actions taken. Raises ``GymError`` if the path is refused or longer than the task's
+        ``max_steps``."""
+        taken: list[m.Action] = []
+        limit = self.task.max_steps or 30
+        while len(taken) < limit:
+            step = self.solution_step(swipe_style)
+            action = step[0] if step is not None else m.Terminate(status="success")
+            result = await self.act(action)
+            if not result.ok:
+                raise GymError(f"{self.task.task_id}: solution action {action!r} refused")
+            taken.append(action)
+            if action.type in m.EPISODE_ENDING:
+                return taken
+        raise GymError(f"{self.task.task_id}: the solution path is longer than {limit} steps")
 
     async def close(self) -> None:
         if not self._closed:
@@ -169,8 +190,9 @@ class SimGym:
         known = self._tasks.get(task.task_id)
         if known is None:
             raise UnknownTask(f"the simulator has no task {task.task_id!r}")
-        options = options or {}
-        seed = int(options.get("seed", self.seed))
+        seed = (options or {}).get("seed", self.seed)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"options.seed must be an integer, got {seed!r}")
         rng = random.Random(f"{seed}:{task.task_id}")
         state = new_state(rng)
 

@@ -73,4 +73,5 @@ def battery(d: ImageDraw.ImageDraw, x: float, y: float, s: float, level: int, co
     d.rectangle((x, y, x + s, y + h), outline=color, width=w)
     d.rectangle((x + s, y + h * 0.3, x + s * 1.08, y + h * 0.7), fill=color)
     inner = (s - 4 * w) * max(0, min(100, level)) / 100
-    d.rectangle((x + 2 * w, y + 2 * w, x + 2 * w + inner, y + h - 2 * w), fill=color)
+    if inner > 0 and h > 4 * w:  # tiny screens: only the outline
+        d.rectangle((x + 2 * w, y + 2 * w, x + 2 * w + inner, y + h - 2 * w), fill=color)

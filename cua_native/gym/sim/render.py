@@ -122,7 +122,7 @@ class _Frame:
         x = 1000.0
         self.text(x - 110, 45, f"{s.battery}%", 34, t.text, anchor="rm")
         icons.battery(self.d, *self._pt(x - 95, 30), 60 * self.r.fs, s.battery, t.text)
-        x -= 170
+        x = 740.0
         if s.airplane_mode_on:
             icons.airplane(self.d, *self._pt(x, 22), 44 * self.r.fs, t.text)
         else:

@@ -2,7 +2,8 @@
 
 A task's ``plan`` is a list of goals (``toggle wifi on``, ``add contact …``). The solver looks at
 the phone's state and the current layout, skips goals already met, and returns one action for
-the first open goal plus a short description (used as the thought of a demonstration). It taps
+the first open goal plus the label of what it touches (the thought of a demonstration says
+"Tap <label>."; ``None`` for actions that touch no element). It taps
 elements at the centre of their visible hit box, scrolls lists with finger swipes, and types
 into focused fields, so every action it takes is one a model could take from the screenshot.
 """
@@ -21,7 +22,8 @@ from cua_native.gym.sim.state import PhoneState
 SwipeStyle = Literal["direction", "points"]
 """``direction``: MAI-UI's swipe (a direction and a start); ``points``: Qwen's (start and end)."""
 
-Step = tuple[m.Action, str]
+Step = tuple[m.Action, str | None]
+"""An action and the label of what it touches (for a demonstration's thought), if anything."""
 
 _RADIO = {"wifi": "wifi_on", "bluetooth": "bluetooth_on", "airplane": "airplane_mode_on"}
 _PATHS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -44,27 +46,26 @@ class Solver:
         if element is None or not element.fully_visible or blocked:
             return None
         x, y = centre_unit(element)
-        return m.Click(x=x, y=y), f"Tap {what}."
+        return m.Click(x=x, y=y), what
 
     def long_press(self, element_id: str, what: str) -> Step | None:
         element = self.layout.by_id(element_id)
         if element is None or not element.fully_visible:
             return None
         x, y = centre_unit(element)
-        return m.LongPress(x=x, y=y), f"Long-press {what} to open its menu."
+        return m.LongPress(x=x, y=y), what
 
     def swipe(self, later: bool) -> Step:
         """Scroll the list: a finger moving up shows later rows, down shows earlier ones."""
         start, end = (0.72, 0.32) if later else (0.32, 0.72)
-        where = "later" if later else "earlier"
         if self.swipe_style == "direction":
             action = m.Swipe(direction="up" if later else "down", x=0.5, y=start)
         else:
             action = m.Swipe(x=0.5, y=start, x2=0.5, y2=end)
-        return action, f"Swipe to see {where} items in the list."
+        return action, f"the list {'up' if later else 'down'}"
 
-    def back(self, why: str = "Go back.") -> Step:
-        return m.SystemButton(button="back"), why
+    def back(self) -> Step:
+        return m.SystemButton(button="back"), None
 
     def reach_row(self, element_id: str, index: int, what: str, *, long: bool = False) -> Step:
         """Tap (or long-press) a list row, scrolling it fully into view first."""
@@ -82,12 +83,12 @@ class Solver:
         """The next action towards ``app``/``page`` (its root page if ``page`` is None)."""
         s = self.state
         if s.menu is not None:
-            return self.back("Close the menu.")
+            return self.back()
         if app == "home":
-            return None if s.screen.app == "home" else (m.SystemButton(button="home"), "Go home.")
+            return None if s.screen.app == "home" else (m.SystemButton(button="home"), None)
         if s.screen.app != app:
             label = APP_BY_ID[app].label
-            return m.OpenApp(name=label), f"Open the {label} app."
+            return m.OpenApp(name=label), label
         path = _PATHS.get((app, page or ""), (page,) if page else ())
         here = s.screen.page
         if page is None or here == page:
@@ -170,7 +171,7 @@ class Solver:
         if do == "answer":
             if s.answer is not None:
                 return None
-            return m.Answer(text=goal["text"]), f"The answer is {goal['text']}."
+            return m.Answer(text=goal["text"]), None
         raise ValueError(f"unknown plan step {goal!r}")
 
     def slide(self, target: int) -> Step | None:
@@ -180,7 +181,7 @@ class Solver:
         x0, y0, x1, y1 = element.box
         x = (x0 + (x1 - x0) * target / 100) / 1080
         y = (y0 + y1) / 2 / DESIGN_H
-        return m.Click(x=x, y=y), f"Tap the brightness slider at {target}%."
+        return m.Click(x=x, y=y), f"the brightness slider at {target}%"
 
     def contact_row(self, name: str, *, long: bool) -> Step:
         names = [c.name for c in self.state.contacts]
@@ -206,10 +207,10 @@ class Solver:
             if current == text:
                 continue
             if current:
-                return m.Key(keys=["delete"]), f"Delete a wrong character in {what}."
+                return m.Key(keys=["delete"]), what
             if s.focus != field_id:
                 return self.tap(field_id, what)
-            return m.TypeText(text=text), f"Type {text}."
+            return m.TypeText(text=text), what
         return self.tap(*save)
 
     def delete_contact(self, name: str) -> Step | None:
@@ -259,7 +260,7 @@ class Solver:
         if not query:
             if s.focus != "field:search":
                 return self.tap("field:search", "the search field")
-            return m.TypeText(text=name), f"Search for {name}."
+            return m.TypeText(text=name), "the search field"
         return self.tap(f"item:{item.item_id}", name)
 
 
@@ -275,4 +276,4 @@ def next_step(
             return step
     if any(goal["do"] == "answer" for goal in plan) or state.terminated is not None:
         return None
-    return m.Terminate(status="success"), "The task is done."
+    return m.Terminate(status="success"), None
