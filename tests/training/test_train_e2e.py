@@ -1,0 +1,145 @@
+"""``python -m cua_native.train`` end to end on the embedded default (shrunk to seconds), and
+the cluster path's plan against the simulator served over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from cua_native.config import load_config
+from cua_native.training.cluster import WORKFLOW_PATH, plan_cluster_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "cua_native.train",
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        "2",
+        "--no-progress",
+        "cua.warm_start.steps=3",
+        "cua.warm_start.batch_size=2",
+        "cua.agent.group_size=2",
+        "cua.agent.max_turns=2",
+        "cua.eval_every=2",
+        "cua.tasks.limit=2",
+        "cua.eval_tasks.limit=1",
+        "train_dataset.batch_size=1",
+        *extra,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.timeout(600)
+def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "e2e"
+    done = _run_train(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "run directory:" in out and "dashboard:" in out and "checkpoint:" in out
+    assert (run_dir / "reward_curve.png").stat().st_size > 0
+    checkpoint = run_dir / "checkpoints" / "version-2"
+    assert (checkpoint / "config.json").is_file(), "two steps → weights version 2 saved"
+
+    db = create_engine(f"sqlite:///{run_dir / 'monitor.db'}")
+    with db.connect() as c:
+        status = c.execute(text("select status from training")).scalar_one()
+        steps = c.execute(text("select step, status, reward_mean from step order by step")).all()
+        rollouts = c.execute(text("select source_type, status from rollout")).all()
+        actions = c.execute(text("select tokens, logprobs, num_tokens from action")).all()
+        screenshots = c.execute(text("select count(*) from obs")).scalar_one()
+        baselines = c.execute(text("select status from baseline")).all()
+    assert status == "completed"
+    assert [(s, st) for s, st, _ in steps] == [(0, "completed"), (1, "completed")]
+    assert all(r is not None for _, _, r in steps)
+    sources = {s for s, _ in rollouts}
+    assert {"step", "baseline", "eval"} <= sources
+    assert actions, "every turn's action is recorded"
+    tokens, logprobs, count = actions[0]
+    tokens, logprobs = json.loads(tokens), json.loads(logprobs)
+    assert len(tokens) == len(logprobs) == count > 0
+    assert {"id", "text"} <= set(tokens[0])
+    assert all(lp <= 0.0 for lp in logprobs)
+    assert screenshots > 0
+    assert [b for (b,) in baselines] == ["completed"]
+
+
+def test_wrong_config_stops_before_anything_starts(tmp_path: Path) -> None:
+    done = _run_train(tmp_path / "runs" / "bad", "cua.agent.max_turnz=3")
+    assert done.returncode == 2
+    assert "Did you mean 'max_turns'?" in done.stderr
+    assert not (tmp_path / "runs" / "bad").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sim_server() -> str:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cua_native.gym.server", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None:
+                pytest.fail(f"gym server exited: {proc.stderr.read() if proc.stderr else ''}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path) -> None:
+    loaded = load_config(
+        ROOT / "configs" / "mai_ui_android.yaml",
+        [
+            f"cua.agent.gym.base_url={sim_server}",
+            "cua.agent.gym.gym_id=sim",
+            f"cua.run_dir={tmp_path}",
+            "actor.path=/models/MAI-UI-8B",
+        ],
+    )
+    plan = plan_cluster_run(loaded)
+    assert len(plan.train_rows) + len(plan.eval_rows) == 33
+    assert {r["gym_id"] for r in plan.train_rows} == {"sim"}
+    assert (
+        plan.workflow_kwargs["source"] == "step" and plan.eval_workflow_kwargs["source"] == "eval"
+    )
+    assert plan.workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
+    assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.worker.observer_from_env"
+    assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
+    assert "--limit-mm-per-prompt" in plan.vllm_command
+
+    from areal.utils.dynamic_import import import_from_string
+
+    workflow = import_from_string(WORKFLOW_PATH)(**plan.workflow_kwargs)
+    assert workflow.config.gym.base_url == sim_server
+    assert workflow.config.group_size == 8
