@@ -56,9 +56,9 @@ class TinySpec:
     vision_heads: int = 2
     vision_intermediate_size: int = 64
     min_pixels: int = 16 * 32 * 32
-    max_pixels: int = 64 * 32 * 32
-    """Processor pixel budget: a 1080×2400 screenshot becomes 160×384 (60 image tokens), so a
-    3-screenshot MAI-UI prompt trains in ~0.1 s per sequence on one CPU core."""
+    max_pixels: int = 128 * 32 * 32
+    """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens). The
+    embedded default halves it through its prompt config (``max_pixels: 65536``)."""
     seed: int = 0
 
 
