@@ -81,6 +81,16 @@ class ValidatorResult:
     weight: float = 1.0
     message: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        """The genv wire form (``pass`` rather than ``passed``)."""
+        return {
+            "id": self.id,
+            "pass": self.passed,
+            "score": self.score,
+            "weight": self.weight,
+            "message": self.message,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:

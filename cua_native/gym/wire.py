@@ -138,16 +138,7 @@ def evaluation_to_json(evaluation: Evaluation) -> dict[str, Any]:
         "result": {
             "score": evaluation.reward,
             "success": evaluation.success,
-            "validators": [
-                {
-                    "id": v.id,
-                    "pass": v.passed,
-                    "score": v.score,
-                    "weight": v.weight,
-                    "message": v.message,
-                }
-                for v in evaluation.validators
-            ],
+            "validators": [v.to_json() for v in evaluation.validators],
         },
     }
 

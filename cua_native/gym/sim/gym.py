@@ -89,19 +89,7 @@ class SimExecution:
             given = answer if answer is not None else self.state.answer
             validators = tuple(validate(self.task, self.state, given))
             success = bool(validators) and all(v.passed for v in validators)
-            result = {
-                "success": success,
-                "validators": [
-                    {
-                        "id": v.id,
-                        "pass": v.passed,
-                        "score": v.score,
-                        "weight": v.weight,
-                        "message": v.message,
-                    }
-                    for v in validators
-                ],
-            }
+            result = {"success": success, "validators": [v.to_json() for v in validators]}
             return Evaluation(
                 reward=reward_from_result(result, success),
                 success=success,
