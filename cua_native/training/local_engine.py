@@ -351,7 +351,9 @@ class LocalTrainEngine(TrainEngine):
     ) -> list[dict[str, Any]]:
         if self._inference is None:
             raise RuntimeError("connect_engine() an inference engine before collecting rollouts")
-        jobs = [workflow.arun_episode(self._inference, item) for item in data for _ in range(group_size)]
+        jobs = [
+            workflow.arun_episode(self._inference, item) for item in data for _ in range(group_size)
+        ]
         results = await asyncio.gather(*jobs)
         return [r for r in results if r is not None]
 
