@@ -1,0 +1,118 @@
+"""``LocalTrainEngine`` under AReaL's own ``PPOActor``: recomputed log-probs equal the
+generator's, and a GRPO update moves the weights in the direction of the advantages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from areal.api.cli_args import PPOActorConfig
+from areal.api.io_struct import SaveLoadMeta
+from areal.trainer.ppo.actor import PPOActor
+from areal.utils.data import concat_padded_tensors
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from cua_native.training.local_engine import LocalTrainEngine
+
+
+def _sample(model: Any, processor: Any, text: str, reward: float, seed: int) -> dict[str, Any]:
+    image = Image.new("RGB", (320, 640), (40 * seed % 255, 120, 200))
+    messages = [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]}]
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[prompt], images=[image], return_tensors="pt")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=8,
+            do_sample=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            suppress_tokens=[processor.image_token_id],
+        )
+    n_prompt = inputs["input_ids"].shape[1]
+    new = out.sequences[0, n_prompt:]
+    logprobs = [
+        torch.log_softmax(lg[0].float(), -1)[t].item()
+        for lg, t in zip(out.logits, new, strict=True)
+    ]
+    n = len(new)
+    return {
+        "input_ids": out.sequences,
+        "attention_mask": torch.ones_like(out.sequences, dtype=torch.bool),
+        "loss_mask": torch.tensor([[0] * n_prompt + [1] * n], dtype=torch.int32),
+        "logprobs": torch.tensor([[0.0] * n_prompt + logprobs]),
+        "versions": torch.tensor([[-1] * n_prompt + [0] * n], dtype=torch.int32),
+        "mm_token_type_ids": torch.cat(
+            [inputs["mm_token_type_ids"][0], torch.zeros(n, dtype=torch.long)]
+        )[None],
+        "multi_modal_input": [
+            {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"]}
+        ],
+        "rewards": torch.tensor([reward]),
+    }
+
+
+@pytest.fixture
+def batch(tiny_dir: Path, processor: Any) -> list[dict[str, Any]]:
+    generator = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    group = [
+        _sample(generator, processor, "Open Settings", 1.0, 1),
+        _sample(generator, processor, "Go home", -1.0, 2),
+    ]
+    return [
+        concat_padded_tensors(group),
+        concat_padded_tensors([_sample(generator, processor, "x", 0.5, 3)]),
+    ]
+
+
+def test_areal_ppo_actor_runs_on_the_local_engine(
+    tiny_dir: Path, processor: Any, batch: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    engine = LocalTrainEngine(model, lr=1e-3, processor=processor)
+    config = PPOActorConfig(
+        experiment_name="t",
+        trial_name="t",
+        path=str(tiny_dir),
+        backend="fsdp:d1",
+        ppo_n_minibatches=1,
+        recompute_logprob=True,
+        use_decoupled_loss=False,
+        adv_norm=None,
+        reward_norm=None,
+        kl_ctl=0.0,
+    )
+    actor = PPOActor(config, engine)
+
+    recomputed = actor.compute_logp(batch)
+    for traj, logp in zip(batch, recomputed, strict=True):
+        mask = traj["loss_mask"].bool()
+        # AReaL's convention: position t holds the log-prob of token t+1.
+        assert torch.allclose(logp[torch.roll(mask, -1, -1)], traj["logprobs"][mask], atol=1e-4)
+        traj["prox_logp"] = logp
+
+    advantages = actor.compute_advantages(batch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    actor.ppo_update(advantages)
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
+    assert len(moved) > len(before) // 2
+
+    # The update raises the log-prob of the rewarded sample's tokens and lowers the penalised one's.
+    after = actor.compute_logp(batch)
+    first = batch[0]
+    mask = torch.roll(first["loss_mask"].bool(), -1, -1)
+    delta = (after[0] - recomputed[0]) * mask
+    assert delta[0].sum() > 0 > delta[1].sum()
+
+    engine.set_version(3)
+    engine.save(SaveLoadMeta(path=str(tmp_path / "ckpt"), weight_format="hf", with_optim=True))
+    again = LocalTrainEngine(
+        AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    )
+    again.load(SaveLoadMeta(path=str(tmp_path / "ckpt"), weight_format="hf", with_optim=True))
+    assert again.get_version() == 3
+    assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in model.state_dict().items())
