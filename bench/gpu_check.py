@@ -1,0 +1,666 @@
+"""GPU check of the in-process engine and the embedded GRPO update, with figures.
+
+Sections (``--sections``, all by default):
+
+* ``exact``: the tiny Qwen3-VL (``build_tiny_qwen3_vl``). Sampled requests whose prompts come
+  from the real ``PromptBuilder`` (MAI-UI, 1080x2400 screenshots, 1 to 3 images, so rows of
+  different lengths share a left-padded batch) run concurrently through
+  ``InProcessEngine.from_pretrained(dir, device=...)``; every returned log-prob is compared
+  with ONE plain forward pass over prompt + output: fp32 with TF32 off, then bf16 (against a
+  bf16 and the fp32 forward). Then tok/s, sequential vs concurrent.
+* ``real``: a randomly initialised Qwen3-VL with 2B-like sizes (text 2048 x 28 layers, vocab
+  151936; vision 1024 x 24 layers), built in bf16 on the device (no download), with Qwen3-VL's
+  real pixel budget (a 1080x2400 screenshot becomes 1088x2400, 2550 image tokens). A
+  3-screenshot MAI-UI prompt, 256 new tokens: prefill (time to first token), per-turn latency,
+  decode tok/s, peak memory; then several turns decoded as one batch. Every turn has its own
+  prompt length, as in real rollouts. The tokenizer is the tiny one (only the text part of the
+  prompt is shorter than with Qwen's real vocabulary).
+* ``grpo``: ``LocalTrainEngine`` + AReaL's ``PPOActor`` with the embedded default's actor
+  config on the tiny model: groups sampled from the engine, then the phases of
+  ``cua_native.training.embedded._ppo_step`` timed one by one (``compute_logp``, checked
+  against the engine's log-probs; ``compute_advantages``; ``ppo_update``) and the new weights
+  copied into the engine, whose next tokens carry the new version and match the trainer.
+
+    python bench/gpu_check.py [--device cuda] [--sections exact,real,grpo] [--json out.json]
+                              [--no-cudnn-sdp]
+
+``--no-cudnn-sdp``: PyTorch (2.11, H100/H200, bf16) picks cuDNN for scaled-dot-product
+attention, and cuDNN builds a new execution plan for every new tensor shape. With a KV cache
+every decode step has a new key length, so unless a shape was seen before each step pays the
+plan build (measured on an H200: 40 ms instead of 16 ms per step for the 2B-sized model).
+Compare the ``real`` figures with and without the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from areal.api.cli_args import GenerationHyperparameters
+from areal.api.io_struct import ModelRequest, ModelResponse
+from PIL import Image, ImageDraw
+
+from cua_native.actions.dialects import get_dialect
+from cua_native.engine import InProcessEngine, InProcessEngineConfig
+from cua_native.gym.protocol import Screenshot, Task
+from cua_native.models.tiny import TinySpec, build_processor, build_tiny_qwen3_vl, build_tokenizer
+from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
+from cua_native.trajectory import VisionTokens
+
+CLICK = (
+    "<thinking>\nTap the Wi-Fi toggle\n</thinking>\n<tool_call>\n"
+    '{"name":"mobile_use","arguments":{"action":"click","coordinate":[299,399]}}\n</tool_call>'
+)
+SCREEN = (1080, 2400)
+INSTRUCTION = "Turn on Wi-Fi, then open Settings"
+QUEUE_WAIT_S = 1.0
+REAL_MIN_PIXELS = 65536
+REAL_MAX_PIXELS = 16777216
+Figures = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------- helpers
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def timed(device: torch.device, into: dict[str, float], key: str) -> Iterator[None]:
+    sync(device)
+    start = time.perf_counter()
+    yield
+    sync(device)
+    into[key] = time.perf_counter() - start
+
+
+def peak_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def screenshot(seed: int) -> Image.Image:
+    """A phone-sized screenshot with noise and a few bars, different for every seed."""
+    image = Image.effect_noise(SCREEN, 30 + seed % 17).convert("RGB")
+    draw = ImageDraw.Draw(image)
+    for row in range(6):
+        top = 200 + 330 * row + 13 * seed % 90
+        shade = (40 * row + 31 * seed) % 255
+        draw.rectangle((60, top, 1020, top + 180), fill=(shade, 255 - shade, 120))
+    return image
+
+
+async def build_prompts(
+    processor: Any,
+    n: int,
+    gconfigs: Callable[[int], GenerationHyperparameters],
+    instructions: Callable[[int], str] = lambda i: INSTRUCTION,
+    **prompt_overrides: Any,
+) -> list[ModelRequest]:
+    """``n`` MAI-UI turns through ``PromptBuilder``: turn ``i`` shows ``min(i + 1, 3)``
+    screenshots (MAI-UI's window), so the first three prompt lengths differ; after that they
+    differ only where ``instructions(i)`` does."""
+    config = default_prompt_config("mai_ui", **prompt_overrides)
+    builder = PromptBuilder(config, processor, encode_images=False)
+    dialect = get_dialect("mai_ui")
+    history: list[HistoryStep] = []
+    requests: list[ModelRequest] = []
+    for i in range(n):
+        task = Task(task_id="gpu-check", instruction=instructions(i))
+        current = await builder.prepare_image(Screenshot(image=screenshot(i)))
+        built = await builder.build(task, history[-2:], current, gconfigs(i))
+        requests.append(built.request)
+        history.append(HistoryStep(current, dialect.parse(CLICK), CLICK))
+    return requests
+
+
+def sampled(i: int, new_tokens: int, ignore_eos: bool = False) -> GenerationHyperparameters:
+    """Sampling settings that vary across requests (plain, temperature, top-k, top-p)."""
+    variants = [
+        {"temperature": 1.0},
+        {"temperature": 0.7},
+        {"temperature": 1.0, "top_k": 50},
+        {"temperature": 0.9, "top_p": 0.9},
+    ]
+    return GenerationHyperparameters(
+        max_new_tokens=new_tokens, ignore_eos=ignore_eos, **variants[i % len(variants)]
+    )
+
+
+async def generate(
+    engine: InProcessEngine, requests: list[ModelRequest], concurrent: bool
+) -> tuple[list[ModelResponse], float, float]:
+    """Run ``requests`` one after another or all at once; returns (responses, wall seconds,
+    seconds the concurrent ones were held in the queue before the clock started).
+
+    Concurrent requests are queued while admission is paused, then released together, so
+    the engine prefills them as ONE batch (its batching is static: a request that arrives
+    while a batch runs waits for that batch to finish, which would measure arrival order)."""
+    if not concurrent:
+        start = time.perf_counter()
+        responses = [await engine.agenerate(r) for r in requests]
+        return responses, time.perf_counter() - start, 0.0
+    created = time.perf_counter()
+    engine.pause()
+    try:
+        tasks = [asyncio.ensure_future(engine.agenerate(r)) for r in requests]
+        await asyncio.sleep(QUEUE_WAIT_S)  # input preparation runs off-loop; ms per request
+    finally:
+        engine.resume()
+    start = time.perf_counter()
+    responses = list(await asyncio.gather(*tasks))
+    return responses, time.perf_counter() - start, start - created
+
+
+@torch.no_grad()
+def reference_logprobs(
+    model: Any, req: ModelRequest, output: list[int], temperature: float
+) -> torch.Tensor:
+    """ONE plain forward over prompt + output: ``log_softmax(logits / T)`` of each output token."""
+    device = next(model.parameters()).device
+    full = torch.tensor([list(req.input_ids) + list(output)], device=device)
+    mm = req.metadata["multi_modal_input"]
+    types = torch.zeros_like(full)
+    types[full == model.config.image_token_id] = 1
+    model.model.rope_deltas = None  # the model caches this between calls
+    logits = model(
+        input_ids=full,
+        pixel_values=mm["pixel_values"].to(device, model.dtype),
+        image_grid_thw=mm["image_grid_thw"].to(device),
+        mm_token_type_ids=types,
+    ).logits[0]
+    t = temperature if temperature > 0 else 1.0
+    logprobs = torch.log_softmax(logits.float() / t, dim=-1)
+    n = len(req.input_ids)
+    positions = torch.arange(n - 1, n - 1 + len(output), device=device)
+    return logprobs[positions, torch.tensor(output, device=device)].cpu()
+
+
+def max_logprob_diff(
+    model: Any, requests: list[ModelRequest], responses: list[ModelResponse]
+) -> tuple[float, int]:
+    worst, tokens = 0.0, 0
+    for req, resp in zip(requests, responses, strict=True):
+        ref = reference_logprobs(model, req, resp.output_tokens, req.gconfig.temperature)
+        got = torch.tensor(resp.output_logprobs, dtype=torch.float32)
+        worst = max(worst, float((got - ref).abs().max()))
+        tokens += len(resp.output_tokens)
+    return worst, tokens
+
+
+def tok_per_s(responses: list[ModelResponse], wall: float) -> float:
+    return sum(len(r.output_tokens) for r in responses) / wall
+
+
+# ---------------------------------------------------------------------------- exact
+def check_exact(device: torch.device, tiny_dir: Path, args: argparse.Namespace) -> Figures:
+    from transformers import AutoModelForImageTextToText
+
+    figures: Figures = {}
+    for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        engine = InProcessEngine.from_pretrained(
+            tiny_dir, device=str(device), dtype=dtype, max_batch_size=args.tiny_requests
+        )
+        try:
+            requests = asyncio.run(
+                build_prompts(
+                    engine.processor,
+                    args.tiny_requests,
+                    lambda i: sampled(i, args.tiny_new_tokens),
+                )
+            )
+            responses, _, _ = asyncio.run(generate(engine, requests, concurrent=True))
+            reference = engine.model if dtype == torch.float32 else None
+            if reference is None:
+                reference = (
+                    AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=dtype)
+                    .to(device)
+                    .eval()
+                )
+            worst, tokens = max_logprob_diff(reference, requests, responses)
+            figures[f"{label}_max_abs_dlogprob"] = worst
+            figures[f"{label}_tokens_checked"] = tokens
+            figures[f"{label}_prompt_lengths"] = sorted({len(r.input_ids) for r in requests})
+            print(f"[exact] {label}: max |dlogprob| {worst:.3g} over {tokens} sampled tokens")
+            if dtype == torch.bfloat16:
+                fp32 = (
+                    AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+                    .to(device)
+                    .eval()
+                )
+                worst32, _ = max_logprob_diff(fp32, requests, responses)
+                figures["bf16_vs_fp32_max_abs_dlogprob"] = worst32
+                print(f"[exact] bf16 engine vs fp32 forward: max |dlogprob| {worst32:.3g}")
+                del fp32
+            figures.update(throughput(engine, label, args))
+        finally:
+            engine.destroy()
+    return figures
+
+
+def throughput(engine: InProcessEngine, label: str, args: argparse.Namespace) -> Figures:
+    """Sequential vs concurrent, each measured twice (interleaved); the better run counts."""
+    n = args.tiny_requests
+    requests = asyncio.run(
+        build_prompts(engine.processor, n, lambda i: sampled(i, args.tiny_new_tokens, True))
+    )
+    asyncio.run(generate(engine, requests[:2], concurrent=True))  # warm-up
+    modes = (("sequential", False), (f"{n}_concurrent", True))
+    rates: dict[str, list[float]] = {mode: [] for mode, _ in modes}
+    for _ in range(2):
+        for mode, concurrent in modes:
+            responses, wall, _ = asyncio.run(generate(engine, requests, concurrent))
+            rates[mode].append(tok_per_s(responses, wall))
+    figures: Figures = {}
+    for mode, values in rates.items():
+        figures[f"{label}_tok_s_{mode}"] = max(values)
+        runs = ", ".join(f"{v:.1f}" for v in values)
+        print(
+            f"[exact] {label} {mode:>13}: {max(values):8.1f} tok/s (runs: {runs}), "
+            f"{args.tiny_new_tokens} new tokens each"
+        )
+    return figures
+
+
+# ---------------------------------------------------------------------------- real
+def real_size_model(tokenizer: Any, device: torch.device, args: argparse.Namespace) -> Any:
+    """Random Qwen3-VL with 2B-like dimensions, initialised directly on ``device`` in bf16."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = {
+        tok: tokenizer.convert_tokens_to_ids(tok)
+        for tok in ("<|endoftext|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>")
+    }
+    depth = args.real_vision_depth
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": 151936,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": args.real_layers,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 262144,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5_000_000.0,
+                "mrope_section": [24, 20, 20],
+                "mrope_interleaved": True,
+            },
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={
+            "depth": depth,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_heads": 16,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 2048,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [depth // 4 - 1, depth // 2 - 1, 3 * depth // 4 - 1],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+        vision_end_token_id=tokenizer.convert_tokens_to_ids("<|vision_end|>"),
+        tie_word_embeddings=True,
+    )
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen3VLForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    return model.eval()
+
+
+def check_real(device: torch.device, args: argparse.Namespace) -> Figures:
+    tokenizer = build_tokenizer()
+    spec = TinySpec(min_pixels=REAL_MIN_PIXELS, max_pixels=args.real_max_pixels)
+    processor = build_processor(tokenizer, spec)
+    reset_peak(device)
+    times: dict[str, float] = {}
+    with timed(device, times, "build"):
+        model = real_size_model(tokenizer, device, args)
+    params = sum(p.numel() for p in model.parameters())
+    weights_gib = peak_gib(device)
+    engine = InProcessEngine(
+        model, processor, config=InProcessEngineConfig(device=str(device), max_batch_size=8)
+    )
+    engine.initialize()
+    figures: Figures = {"params_b": params / 1e9, "build_s": times["build"]}
+    if weights_gib is not None:
+        figures["weights_gib"] = weights_gib
+    print(
+        f"[real] {params / 1e9:.2f} B parameters in bf16, built on {device} in "
+        f"{times['build']:.1f} s" + (f", {weights_gib:.2f} GiB" if weights_gib else "")
+    )
+    try:
+        prompts_start = time.perf_counter()
+        requests = asyncio.run(
+            build_prompts(
+                processor,
+                2 + 4 + max(args.real_concurrency),
+                lambda i: GenerationHyperparameters(
+                    max_new_tokens=args.real_new_tokens, ignore_eos=True, temperature=1.0
+                ),
+                # every turn ~280 tokens longer than the last: no turn's decode (256 new
+                # tokens) revisits a (batch, length) shape an earlier one ran with, as in real
+                # rollouts, where prompt lengths vary
+                lambda i: INSTRUCTION + " Then go back." * (70 * i),
+                min_pixels=REAL_MIN_PIXELS,
+                max_pixels=args.real_max_pixels,
+            )
+        )
+        figures["prompt_build_s_per_turn"] = (time.perf_counter() - prompts_start) / len(requests)
+        turns = requests[2:]  # 3 screenshots each (MAI-UI window)
+        first = turns[0]
+        grid = first.metadata["multi_modal_input"]["image_grid_thw"]
+        image_tokens = int(grid.prod(-1).sum()) // 4
+        lengths = [len(t.input_ids) for t in turns]
+        figures.update(prompt_tokens=lengths[0], image_tokens=image_tokens)
+        print(
+            f"[real] prompts: {min(lengths)}..{max(lengths)} tokens, {grid.shape[0]} images "
+            f"({image_tokens} image tokens, grids {grid.tolist()}), "
+            f"{args.real_new_tokens} new tokens"
+        )
+        asyncio.run(generate(engine, [first], concurrent=False))  # warm-up
+        latencies, ttfts, decode_rates = [], [], []
+        reset_peak(device)
+        for req in turns[1:4]:
+            (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
+            latencies.append(resp.latency)
+            ttfts.append(resp.ttft)
+            decode_rates.append((len(resp.output_tokens) - 1) / (resp.latency - resp.ttft))
+        figures.update(
+            turn_latency_s=statistics.median(latencies),
+            prefill_s=statistics.median(ttfts),
+            decode_tok_s=statistics.median(decode_rates),
+            turn_tok_s=args.real_new_tokens / statistics.median(latencies),
+            peak_gib_single=peak_gib(device),
+        )
+        print(
+            f"[real] 1 turn: latency {figures['turn_latency_s']:.2f} s, prefill (ttft) "
+            f"{figures['prefill_s'] * 1000:.0f} ms, decode {figures['decode_tok_s']:.1f} tok/s"
+            + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
+        )
+        for n in args.real_concurrency:
+            reset_peak(device)
+            try:
+                batch = turns[4 : 4 + n]
+                responses, wall, queued = asyncio.run(generate(engine, batch, True))
+            except RuntimeError as exc:  # an out-of-memory surfaces as "generation failed"
+                figures[f"concurrent_{n}_error"] = repr(exc)[:300]
+                print(f"[real] {n} concurrent turns failed: {exc!r}"[:400])
+                break
+            figures[f"concurrent_{n}_wall_s"] = wall
+            figures[f"concurrent_{n}_tok_s"] = tok_per_s(responses, wall)
+            figures[f"concurrent_{n}_ttft_s"] = statistics.median(
+                r.ttft - queued for r in responses
+            )
+            figures[f"concurrent_{n}_peak_gib"] = peak_gib(device)
+            print(
+                f"[real] {n} concurrent turns: wall {wall:.2f} s, "
+                f"{figures[f'concurrent_{n}_tok_s']:.1f} tok/s total, median ttft "
+                f"{figures[f'concurrent_{n}_ttft_s'] * 1000:.0f} ms"
+                + (
+                    f", peak {figures[f'concurrent_{n}_peak_gib']:.2f} GiB"
+                    if device.type == "cuda"
+                    else ""
+                )
+            )
+    finally:
+        engine.destroy()
+    return figures
+
+
+# ---------------------------------------------------------------------------- grpo
+def check_grpo(device: torch.device, tiny_dir: Path, args: argparse.Namespace) -> Figures:
+    from areal.trainer.ppo.actor import PPOActor
+    from areal.utils import stats_tracker
+    from transformers import AutoModelForImageTextToText
+
+    from cua_native.config import load_config
+    from cua_native.training.local_engine import LocalTrainEngine
+
+    actor_config = load_config(None, []).areal.actor
+    engine = InProcessEngine.from_pretrained(tiny_dir, device=str(device), seed=1)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    trainer = LocalTrainEngine(
+        model,
+        lr=actor_config.optimizer.lr,
+        weight_decay=actor_config.optimizer.weight_decay,
+        grad_clip=actor_config.optimizer.gradient_clipping,
+        temperature=actor_config.temperature,
+        device=device,
+        processor=engine.processor,
+    )
+    actor = PPOActor(actor_config, trainer)
+    tokens = VisionTokens.from_tokenizer(engine.tokenizer)
+    figures: Figures = {"temperature": actor_config.temperature}
+    try:
+        for step in range(args.grpo_steps):
+            batch = asyncio.run(rollout_groups(engine, tokens, actor_config.temperature, args))
+            # the engine's log-probs (position t: token t) and output masks, before AReaL
+            # replaces ``logprobs`` with the recomputed ones
+            sampled_logp = [(t["logprobs"].clone(), t["loss_mask"].clone()) for t in batch]
+            times: dict[str, float] = {}
+            with timed(device, times, "step"):
+                with timed(device, times, "compute_logp"):
+                    for traj, logp in zip(batch, actor.compute_logp(batch), strict=True):
+                        traj["prox_logp"] = logp
+                gap = max(  # recomputed position t holds token t + 1
+                    float(
+                        (traj["prox_logp"].cpu() - torch.roll(logp, -1, -1))[
+                            torch.roll(mask, -1, -1).bool()
+                        ]
+                        .abs()
+                        .max()
+                    )
+                    for traj, (logp, mask) in zip(batch, sampled_logp, strict=True)
+                )
+                with timed(device, times, "compute_advantages"):
+                    advantages = actor.compute_advantages(batch)
+                with timed(device, times, "ppo_update"):
+                    actor.ppo_update(advantages)
+                trainer.lr_scheduler_step()
+            stats = stats_tracker.export_all()
+            version = step + 1
+            trainer.set_version(version)
+            with timed(device, times, "weights_to_engine"):
+                engine.update_weights_from_state_dict(trainer.state_dict(), version).result()
+            rows = sum(int(t["input_ids"].shape[0]) for t in batch)
+            loss = next((v for k, v in stats.items() if k.endswith("actor_loss/avg")), None)
+            grad = next((v for k, v in stats.items() if k.endswith("grad_norm")), None)
+            figures[f"step{step}"] = {
+                **{k: round(v, 4) for k, v in times.items()},
+                "rows": rows,
+                "trainer_vs_engine_max_abs_dlogprob": gap,
+                "loss": loss,
+                "grad_norm": grad,
+            }
+            print(
+                f"[grpo] step {step}: {rows} rows, step {times['step']:.3f} s (compute_logp "
+                f"{times['compute_logp']:.3f}, advantages {times['compute_advantages']:.3f}, "
+                f"ppo_update {times['ppo_update']:.3f}), weights->engine "
+                f"{times['weights_to_engine'] * 1000:.0f} ms; trainer vs engine max "
+                f"|dlogprob| {gap:.3g}; loss {loss}, grad_norm {grad}"
+            )
+        figures.update(after_update_check(engine, trainer, args))
+    finally:
+        engine.destroy()
+    return figures
+
+
+async def rollout_groups(
+    engine: InProcessEngine, tokens: VisionTokens, temperature: float, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """``grpo_groups`` groups of ``group_size`` turns sampled at the trainer's temperature (as
+    the workflow does), as AReaL rows (the layout of ``cua_native.trajectory.turn_sample``).
+    Rewards are synthetic (alternating 1 and 0, then group-normalised): the check is about
+    the update's mechanics, not learning."""
+    from areal.utils.data import concat_padded_tensors
+
+    from cua_native.trajectory import normalized_rewards
+
+    batch: list[dict[str, Any]] = []
+    for group in range(args.grpo_groups):
+        prompts = await build_prompts(
+            engine.processor,
+            group + 1,
+            lambda i: GenerationHyperparameters(
+                max_new_tokens=args.tiny_new_tokens, temperature=temperature
+            ),
+        )
+        prompt = prompts[-1]
+        responses = await asyncio.gather(
+            *(engine.agenerate(prompt) for _ in range(args.group_size))
+        )
+        rewards = normalized_rewards([float(i % 2 == 0) for i in range(args.group_size)], 1e-6)
+        rows = [
+            turn_row(prompt, resp, reward, tokens)
+            for resp, reward in zip(responses, rewards, strict=True)
+        ]
+        batch.append(concat_padded_tensors(rows))
+    return batch
+
+
+def turn_row(
+    req: ModelRequest, resp: ModelResponse, reward: float, tokens: VisionTokens
+) -> dict[str, Any]:
+    prompt, output = list(resp.input_tokens), list(resp.output_tokens)
+    seq = prompt + output
+    mm = req.metadata["multi_modal_input"]
+    return {
+        "input_ids": torch.tensor([seq], dtype=torch.long),
+        "mm_token_type_ids": torch.tensor(
+            [[1 if t == tokens.image_pad else 0 for t in prompt] + [0] * len(output)],
+            dtype=torch.long,
+        ),
+        "loss_mask": torch.tensor([[0] * len(prompt) + [1] * len(output)], dtype=torch.int32),
+        "logprobs": torch.tensor(
+            [[0.0] * len(prompt) + list(resp.output_logprobs)], dtype=torch.float32
+        ),
+        "versions": torch.tensor(
+            [[-1] * len(prompt) + list(resp.output_versions)], dtype=torch.int32
+        ),
+        "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
+        "rewards": torch.tensor([reward], dtype=torch.float32),
+        "multi_modal_input": [
+            {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
+        ],
+    }
+
+
+def after_update_check(engine: InProcessEngine, trainer: Any, args: argparse.Namespace) -> Figures:
+    """Tokens sampled after the update carry the new version and match the trainer's model."""
+    requests = asyncio.run(
+        build_prompts(engine.processor, 4, lambda i: sampled(i, args.tiny_new_tokens))
+    )
+    responses, _, _ = asyncio.run(generate(engine, requests, concurrent=True))
+    versions = sorted({v for r in responses for v in r.output_versions})
+    trainer.model.eval()
+    worst, count = max_logprob_diff(trainer.model, requests, responses)
+    print(
+        f"[grpo] after update: versions {versions}, engine vs trained model max |dlogprob| "
+        f"{worst:.3g} over {count} tokens"
+    )
+    return {"versions_after_update": versions, "after_update_max_abs_dlogprob": worst}
+
+
+# ---------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sections", default="exact,real,grpo")
+    parser.add_argument("--json", type=Path, help="write all figures here")
+    parser.add_argument("--tiny-requests", type=int, default=8)
+    parser.add_argument("--tiny-new-tokens", type=int, default=64)
+    parser.add_argument("--real-new-tokens", type=int, default=256)
+    parser.add_argument("--real-layers", type=int, default=28)
+    parser.add_argument("--real-vision-depth", type=int, default=24)
+    parser.add_argument("--real-max-pixels", type=int, default=REAL_MAX_PIXELS)
+    parser.add_argument(
+        "--real-concurrency",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[4, 8],
+        help="numbers of turns decoded together (comma-separated)",
+    )
+    parser.add_argument(
+        "--no-cudnn-sdp",
+        action="store_true",
+        help="turn off PyTorch's cuDNN attention backend (torch.backends.cuda.enable_cudnn_sdp)",
+    )
+    parser.add_argument("--grpo-steps", type=int, default=3)
+    parser.add_argument("--grpo-groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=4)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = False  # exactness in fp32 means no TF32
+    torch.backends.cudnn.allow_tf32 = False
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(sections) - {"exact", "real", "grpo"}
+    if unknown:
+        raise SystemExit(f"unknown sections {sorted(unknown)}; choose from exact, real, grpo")
+    report: Figures = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+    }
+    import transformers
+
+    report["transformers"] = transformers.__version__
+    if device.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(device)
+    print(json.dumps(report))
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny_dir = build_tiny_qwen3_vl(Path(tmp) / "tiny")
+        for section in sections:
+            start = time.perf_counter()
+            if section == "exact":
+                report["exact"] = check_exact(device, tiny_dir, args)
+            elif section == "real":
+                report["real"] = check_real(device, args)
+            else:
+                report["grpo"] = check_grpo(device, tiny_dir, args)
+            report[section]["section_s"] = time.perf_counter() - start
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    text = json.dumps(report, indent=2, default=str)
+    if args.json:
+        args.json.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
