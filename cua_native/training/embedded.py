@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -116,11 +117,7 @@ class EmbeddedTrainer:
             prompt_overrides=cua.agent.prompt,
             progress=self.progress,
         )
-        report.warm_start = (
-            {k: v for k, v in vars(result).items() if not k.startswith("_")}
-            if hasattr(result, "__dict__")
-            else {"result": str(result)}
-        )
+        report.warm_start = dataclasses.asdict(result)
         return target
 
     async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
