@@ -24,6 +24,7 @@ from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
 from cua_native.gym.protocol import Evaluation, Execution, Gym, Observation, StepResult, Task
 from cua_native.prompts import HistoryStep, PromptTooLong
+from cua_native.prompts.pixels import PromptPixels
 from cua_native.records import EpisodeContext, EpisodeObserver, EpisodeRecord, Phase, TurnRecord
 from cua_native.workflow_config import AgentConfig
 
@@ -48,10 +49,11 @@ class InfraFailure(Exception):
 
 @dataclass(slots=True)
 class EpisodeRun:
-    """An episode's record plus, per turn, the multimodal tensors of its prompt."""
+    """An episode's record plus, per turn, the image tensors of its prompt (by reference:
+    ``PromptPixels.tensors()`` concatenates them when the training row is built)."""
 
     record: EpisodeRecord
-    multi_modal_inputs: list[dict[str, Any]] = field(default_factory=list)
+    multi_modal_inputs: list[PromptPixels] = field(default_factory=list)
 
     @property
     def rejected(self) -> bool:
@@ -165,6 +167,17 @@ def decode_output(tokenizer: Any, output_ids: list[int], stop_ids: list[int]) ->
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def token_texts_of(tokenizer: Any, token_ids: list[int]) -> list[str]:
+    """Each token decoded on its own (what the monitor shows next to its log-prob); through the
+    Rust backend in one call when the tokenizer has one (HF's ``batch_decode`` pays Python
+    overhead per token, on the event loop)."""
+    singles = [[t] for t in token_ids]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.decode_batch(singles, skip_special_tokens=False))
+    return list(tokenizer.batch_decode(singles))
+
+
 def feedback_for(parsed: ParsedOutput, step: StepResult | None) -> str | None:
     """What the model is told about its last turn at the start of the next one."""
     if parsed.error is not None:
@@ -253,10 +266,10 @@ async def _loop(
                         execution.observe(),
                         reason="observe",
                         limit=min(config.turn_timeout_s, remaining),
-                        out_of_time=lambda: deadline - clock() <= 0,
+                        out_of_time=lambda: expired(deadline, clock),
                     )
             reuse = cached[1] if cached is not None and cached[0] is observation else None
-            turn, prompt_mm, prepared = await _model_turn(
+            turn, prompt_pixels, prepared = await _model_turn(
                 index,
                 observation,
                 reuse,
@@ -278,7 +291,7 @@ async def _loop(
             record.end_reason = "context_limit"
             return
         record.turns.append(turn)
-        run.multi_modal_inputs.append(prompt_mm)
+        run.multi_modal_inputs.append(prompt_pixels)
         parsed = turn.parsed
         consecutive_errors = consecutive_errors + 1 if parsed.error is not None else 0
         action = parsed.action if parsed.error is None else None
@@ -309,6 +322,16 @@ async def _loop(
     record.end_reason = "max_turns"
 
 
+DEADLINE_SLACK_S = 0.05
+"""A timeout this close to the episode deadline is the deadline: the event loop may fire a
+timer a little early, and its clock is not the one the deadline was taken from."""
+
+
+def expired(deadline: float, clock: Callable[[], float]) -> bool:
+    """Whether the episode's time budget has run out (within ``DEADLINE_SLACK_S``)."""
+    return deadline - clock() <= DEADLINE_SLACK_S
+
+
 class _OutOfTime(Exception):
     """The episode's time budget ran out inside a turn."""
 
@@ -325,7 +348,7 @@ async def _model_turn(
     timings: dict[str, float],
     deadline: float,
     clock: Callable[[], float],
-) -> tuple[TurnRecord, dict[str, Any], Any]:
+) -> tuple[TurnRecord, PromptPixels, Any]:
     """Prompt, generate and parse one turn: the turn, its prompt's multimodal input, and the
     prepared screenshot (for the history)."""
     config = kit.config
@@ -337,22 +360,21 @@ async def _model_turn(
         return min(config.turn_timeout_s, remaining)
 
     def out_of_time() -> bool:
-        return deadline - clock() <= 0
+        return expired(deadline, clock)
 
     with timer.phase("prompt", timings):
-        if prepared is None:
-            prepared = await _guarded(
-                kit.builder.prepare_image(observation.screenshot),
-                reason="prompt",
-                limit=budget(),
-                out_of_time=out_of_time,
-            )
         built = await _guarded(
-            kit.builder.build(run.record.context.task, list(history), prepared, kit.gconfig),
+            kit.builder.build_turn(
+                run.record.context.task,
+                list(history),
+                prepared if prepared is not None else observation.screenshot,
+                kit.gconfig,
+            ),
             reason="prompt",
             limit=budget(),
             out_of_time=out_of_time,
         )
+    prepared = built.current
     request: ModelRequest = built.request
     # Identity for engines and traces (AReaL's engines ignore unknown metadata keys).
     request.metadata.setdefault("episode_id", run.record.context.episode_id)
@@ -364,7 +386,7 @@ async def _model_turn(
         stop_ids = list(kit.gconfig.stop_token_ids)
         text = decode_output(kit.tokenizer, response.output_tokens, stop_ids)
         parsed = kit.dialect.parse(text, image_size=prepared.model_size)
-        token_texts = kit.tokenizer.batch_decode([[t] for t in response.output_tokens])
+        token_texts = token_texts_of(kit.tokenizer, response.output_tokens)
     prompt_ids = list(response.input_tokens) or sent_ids
     turn = TurnRecord(
         index=index,
@@ -382,8 +404,7 @@ async def _model_turn(
         timings=timings,
         output_token_texts=token_texts,
     )
-    prompt_mm = dict(built.multi_modal_input) if built.multi_modal_input else {}
-    return turn, prompt_mm, prepared
+    return turn, built.pixels, prepared
 
 
 async def _generate(
@@ -399,7 +420,7 @@ async def _generate(
         async with asyncio.timeout(limit):
             response = await engine.agenerate(request)
     except TimeoutError as error:
-        if deadline - clock() <= 0:
+        if expired(deadline, clock):
             raise _OutOfTime from error
         raise InfraFailure("generate", f"timed out after {limit:.1f}s") from error
     except Exception as error:

@@ -30,6 +30,7 @@ from cua_native.defaults import load_engine, load_processor, make_gym, make_kit,
 from cua_native.episode import EpisodeRun, run_with_retry
 from cua_native.gym.protocol import Execution, Gym, Task
 from cua_native.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.runtime import tune_for_rollouts, with_cpu_pool
 from cua_native.workflow_config import AgentConfig, GymConfig
 
 
@@ -377,7 +378,8 @@ def _with_seed(gym: GymConfig, seed: int | None) -> GymConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-        summary = asyncio.run(amain(args))
+        tune_for_rollouts()
+        summary = asyncio.run(with_cpu_pool(amain(args)))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

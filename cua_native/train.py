@@ -82,10 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch._dynamo
 
         torch._dynamo.config.disable = True
+    from cua_native.runtime import tune_for_rollouts, with_cpu_pool
     from cua_native.training.embedded import EmbeddedTrainer
     from cua_native.training.report import print_report
 
-    report = asyncio.run(EmbeddedTrainer(loaded, progress=not args.no_progress).run())
+    tune_for_rollouts()
+    trainer = EmbeddedTrainer(loaded, progress=not args.no_progress)
+    report = asyncio.run(with_cpu_pool(trainer.run()))
     print_report(report)
     return 0
 

@@ -31,6 +31,7 @@ import torch
 from areal.utils.data import concat_padded_tensors
 
 from cua_native.episode import EpisodeRun
+from cua_native.prompts.pixels import PromptPixels
 from cua_native.records import TurnRecord
 
 
@@ -84,9 +85,14 @@ def attribute_rewards(
 
 
 def turn_sample(
-    turn: TurnRecord, multi_modal_input: dict[str, Any], reward: float, tokens: VisionTokens
+    turn: TurnRecord,
+    multi_modal_input: dict[str, Any] | PromptPixels,
+    reward: float,
+    tokens: VisionTokens,
 ) -> dict[str, Any]:
     """One turn as an AReaL row (batch dimension 1)."""
+    if isinstance(multi_modal_input, PromptPixels):
+        multi_modal_input = multi_modal_input.tensors()
     prompt, output = turn.prompt_ids, turn.output_ids
     if not output:
         raise ValueError(f"turn {turn.index} has no output tokens")

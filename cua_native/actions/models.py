@@ -163,8 +163,24 @@ ACTION_ADAPTER: TypeAdapter[Action] = TypeAdapter(Action)
 ACTION_TYPES: dict[str, type[BaseModel]] = {
     cls.model_fields["type"].default: cls
     for cls in (
-        Click, DoubleClick, TripleClick, RightClick, MiddleClick, MouseMove, LongPress, Drag,
-        Swipe, Scroll, TypeText, Key, SystemButton, OpenApp, Wait, Terminate, Answer, AskUser,
+        Click,
+        DoubleClick,
+        TripleClick,
+        RightClick,
+        MiddleClick,
+        MouseMove,
+        LongPress,
+        Drag,
+        Swipe,
+        Scroll,
+        TypeText,
+        Key,
+        SystemButton,
+        OpenApp,
+        Wait,
+        Terminate,
+        Answer,
+        AskUser,
         ToolCall,
     )
 }

@@ -390,12 +390,13 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
     return app
 
 
-def load_gym(spec: str, seed: int) -> Gym:
-    """``sim`` (the embedded simulator) or ``package.module:factory`` called with ``seed=``."""
+def load_gym(spec: str, seed: int, screenshot_size: tuple[int, int] | None = None) -> Gym:
+    """``sim`` (the embedded simulator, screenshots at ``screenshot_size`` if given) or
+    ``package.module:factory`` called with ``seed=``."""
     if spec == "sim":
         from cua_native.gym.sim import SimGym
 
-        return SimGym(seed=seed)
+        return SimGym(seed=seed, screenshot_size=screenshot_size)
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise ValueError(f"--gym must be 'sim' or 'package.module:factory', got {spec!r}")
@@ -410,11 +411,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gym", default="sim", help="'sim' or 'package.module:factory'")
     parser.add_argument("--gym-id", default=None, help="path id to serve it under")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--screenshot-size",
+        default=None,
+        help="sim only: screenshot WIDTHxHEIGHT (e.g. 160x384); the screen stays 1080x2400",
+    )
     parser.add_argument("--fault-profile", default=None, help="JSON/YAML file or inline JSON")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
-    gym = load_gym(args.gym, args.seed)
+    size = None
+    if args.screenshot_size:
+        try:
+            width, height = (int(v) for v in args.screenshot_size.lower().split("x"))
+        except ValueError:
+            parser.error(f"--screenshot-size must be WIDTHxHEIGHT, got {args.screenshot_size!r}")
+        size = (width, height)
+    gym = load_gym(args.gym, args.seed, size)
     faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
     app = create_app({args.gym_id or gym.gym_id: gym}, faults)
     try:

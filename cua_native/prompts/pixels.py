@@ -7,10 +7,10 @@ per-image tensors concatenated in prompt order, and an image that stays in the h
 for several turns is normalised once, not once per turn. ``tests/prompts`` proves the
 equality against ``processor(text=..., images=...)``.
 
-``patchify`` computes the same tensors about 2-3x faster for ``Qwen2VLImageProcessorFast``
-(the image processor of Qwen2/2.5/3-VL and MAI-UI checkpoints): the arithmetic is the image
-processor's own ``rescale_and_normalize``; only the patch layout is done here, as one copy
-with the temporal frame repeat as a broadcast view instead of a concatenation.
+``patchify`` computes the same tensors several times faster for ``Qwen2VLImageProcessorFast``
+(the image processor of Qwen2/2.5/3-VL and MAI-UI checkpoints): the image processor's
+arithmetic redone in NumPy, and the patch layout as one copy with the temporal frame repeat
+as a broadcast view instead of a concatenation.
 ``kernel_matches`` checks it against the image processor on a synthetic image before use.
 """
 
@@ -74,7 +74,13 @@ def compute_features(image_processor: Any, image: PreparedImage) -> ImageFeature
 
 
 def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
-    """``compute_features`` for a ``Qwen2VLImageProcessorFast`` (see the module docstring)."""
+    """``compute_features`` for a ``Qwen2VLImageProcessorFast`` (see the module docstring).
+
+    Plain NumPy on purpose: it runs in worker threads next to the event loop, and torch's
+    intra-op thread pool, entered from several threads at once, spends more time spinning than
+    computing on images this small. Rescale + normalise is elementwise on uint8 input, so it is
+    applied as a 256-entry table per channel, built with the image processor's arithmetic in its
+    order and precision: bit-identical (``kernel_matches`` checks it) and twice as fast."""
     if image.mode != "RGB":
         raise ValueError(f"patchify expects an RGB image, got mode {image.mode}")
     ip = image_processor
@@ -82,31 +88,39 @@ def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
     width, height = image.size
     if width % (patch * merge) or height % (patch * merge):
         raise ValueError(f"image size {width}x{height} is not a multiple of {patch * merge}")
-    pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).unsqueeze(0)
-    normalized = ip.rescale_and_normalize(
-        pixels,
-        ip.do_rescale,
-        ip.rescale_factor,
-        ip.do_normalize,
-        _hashable(ip.image_mean),
-        _hashable(ip.image_std),
-    )
-    channels = normalized.shape[1]
+    pixels = np.asarray(image, dtype=np.uint8)  # (H, W, C)
+    channels = pixels.shape[2]
     grid_h, grid_w = height // patch, width // patch
-    blocks = normalized.reshape(
-        channels, grid_h // merge, merge, patch, grid_w // merge, merge, patch
-    )
-    frames = blocks.unsqueeze(0).expand(temporal, *blocks.shape)
-    # (temporal, C, bh, mh, ph, bw, mw, pw) -> (bh, bw, mh, mw, C, temporal, ph, pw)
-    ordered = frames.permute(2, 5, 3, 6, 1, 0, 4, 7)
-    rows = ordered.reshape(grid_h * grid_w, channels * temporal * patch * patch)
+    blocks = pixels.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels)
+    # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
+    ordered = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
+    ordered = ordered.reshape(grid_h * grid_w, channels, patch * patch)
+    table = normalization_table(ip, channels)
+    rows = np.empty((grid_h * grid_w, channels, temporal, patch * patch), dtype=np.float32)
+    for channel in range(channels):
+        np.take(table[:, channel], ordered[:, channel], out=rows[:, channel, 0])
+    rows[:, :, 1:] = rows[:, :, :1]  # the temporal repeat of a still image
     grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
-    return ImageFeatures(pixel_values=rows, image_grid_thw=grid)
+    return ImageFeatures(
+        pixel_values=torch.from_numpy(rows.reshape(grid_h * grid_w, -1)), image_grid_thw=grid
+    )
 
 
-def _hashable(value: Any) -> Any:
-    """Lists as tuples, as the image processor passes them (its mean/std fusion is cached)."""
-    return tuple(value) if isinstance(value, list) else value
+def normalization_table(ip: Any, channels: int) -> np.ndarray:
+    """``(256, channels)`` float32: what the image processor's ``rescale_and_normalize`` maps
+    each uint8 value of each channel to (mean/std fused with the rescale in float32, then
+    subtract and divide, as ``BaseImageProcessorFast`` does)."""
+    values = np.repeat(np.arange(256, dtype=np.float32)[:, None], channels, axis=1)
+    if ip.do_normalize:
+        mean = np.asarray(ip.image_mean, dtype=np.float32).reshape(-1)
+        std = np.asarray(ip.image_std, dtype=np.float32).reshape(-1)
+        if ip.do_rescale:
+            scale = np.float32(1.0 / ip.rescale_factor)
+            mean, std = mean * scale, std * scale
+        return (values - mean) / std
+    if ip.do_rescale:
+        return values * np.float32(ip.rescale_factor)
+    return values
 
 
 def kernel_matches(image_processor: Any) -> bool:
@@ -155,7 +169,32 @@ def concat_features(features: Sequence[ImageFeatures]) -> dict[str, torch.Tensor
     if len(features) == 1:
         only = features[0]
         return {"pixel_values": only.pixel_values, "image_grid_thw": only.image_grid_thw}
+    # NumPy for the copy: torch.cat of megabytes enters torch's intra-op pool, which spins
+    # against the event loop and the other workers on a small machine (see ``patchify``).
+    pixels = np.concatenate([f.pixel_values.numpy() for f in features])
     return {
-        "pixel_values": torch.cat([f.pixel_values for f in features]),
+        "pixel_values": torch.from_numpy(pixels),
         "image_grid_thw": torch.cat([f.image_grid_thw for f in features]),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPixels:
+    """A prompt's image tensors by reference: the per-image features, concatenated only when
+    asked (``tensors()``). An episode keeps one per turn for its training rows; holding the
+    images rather than each turn's concatenation keeps a 4-turn episode with a 3-image history
+    at 4 images' worth of memory instead of 10."""
+
+    features: tuple[ImageFeatures, ...] = ()
+    given: dict[str, torch.Tensor] | None = None
+    """Tensors computed as a whole (the processor path), returned as they are."""
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]) -> PromptPixels:
+        return cls(given=dict(tensors))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """``pixel_values`` and ``image_grid_thw`` of the prompt (a new concatenation)."""
+        if self.given is not None:
+            return dict(self.given)
+        return concat_features(self.features)

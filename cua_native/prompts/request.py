@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
 from cua_native.prompts.images import PreparedImage
-from cua_native.prompts.pixels import concat_features, image_features
+from cua_native.prompts.pixels import PromptPixels, concat_features, image_features
 
 VLLM_IMAGE_PLACEHOLDER = "placeholder"
 """AReaL's vLLM backend replaces every ``image_url`` with ``req.image_data`` in order."""
@@ -47,6 +47,8 @@ class ProcessedPrompt:
     ids). Read-only: tensors may be shared with the images' caches."""
     text: str
     """The rendered chat template (one pad per image), for logs and the monitor."""
+    pixels: PromptPixels = field(default_factory=PromptPixels)
+    """The images' tensors by reference (what an episode keeps for its training rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +203,12 @@ def expand_prompt(
     mm = concat_features(features)
     mm["mm_token_type_ids"] = mm_token_type_ids(processor, input_ids)
     _check_expansion(processor, input_ids, images, mm.get("image_grid_thw"))
-    return ProcessedPrompt(input_ids=input_ids, multi_modal_input=mm, text=tokenized.text)
+    return ProcessedPrompt(
+        input_ids=input_ids,
+        multi_modal_input=mm,
+        text=tokenized.text,
+        pixels=PromptPixels(features=tuple(features)),
+    )
 
 
 def run_processor(
@@ -222,7 +229,8 @@ def run_processor(
         if key in out:
             mm[key] = out[key]
     _check_expansion(processor, input_ids, images, mm.get("image_grid_thw"))
-    return ProcessedPrompt(input_ids=input_ids, multi_modal_input=mm, text=text)
+    pixels = PromptPixels.of({k: v for k, v in mm.items() if k != "mm_token_type_ids"})
+    return ProcessedPrompt(input_ids=input_ids, multi_modal_input=mm, text=text, pixels=pixels)
 
 
 def _check_expansion(

@@ -66,9 +66,14 @@ async def _rows(loaded: LoadedConfig) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def worker_env(loaded: LoadedConfig) -> dict[str, str]:
-    """What rollout workers need to record episodes (inherited through the scheduler)."""
+    """What rollout workers need to record episodes, and the allocator settings of
+    ``runtime.tune_allocator`` (glibc reads them at process start), inherited through the
+    scheduler. Settings already in the environment win."""
+    from cua_native.runtime import ALLOCATOR_ENV
+
     cua = loaded.cua
-    env = {"CUA_RUN_DIR": str(cua.run_dir.resolve())}
+    env = {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}
+    env["CUA_RUN_DIR"] = str(cua.run_dir.resolve())
     if cua.monitor_url:
         env["CUA_MONITOR_URL"] = cua.monitor_url
     db = cua.monitor_db_url()

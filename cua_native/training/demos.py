@@ -322,24 +322,33 @@ SWIPE_STYLES: dict[str, str] = {"mai_ui": "direction", "qwen3_vl": "points"}
 """How each family's dialect writes a swipe (MAI-UI: direction + start; Qwen: two points)."""
 
 
-def sim_source(executor: Any = None, swipe_style: str = "direction") -> tuple[Gym, Solver]:
-    """The embedded simulator and its solution paths (``SimExecution.solution_step``)."""
+def sim_source(
+    executor: Any = None,
+    swipe_style: str = "direction",
+    sim_options: dict[str, Any] | None = None,
+) -> tuple[Gym, Solver]:
+    """The embedded simulator (``SimGym(**sim_options)``, seed 0) and its solution paths
+    (``SimExecution.solution_step``)."""
     from cua_native.gym.sim import SimGym
 
     async def solve(execution: Any, task: Task) -> tuple[m.Action, str | None] | None:
         return execution.solution_step(swipe_style)  # type: ignore[no-any-return]
 
-    return SimGym(seed=0, executor=executor), solve
+    options = {**(sim_options or {}), "seed": 0}
+    return SimGym(executor=executor, **options), solve
 
 
-def source_for(family: str) -> DemoSource:
-    """``sim_source`` with the swipe form ``family``'s dialect can write."""
-    return functools.partial(sim_source, swipe_style=SWIPE_STYLES.get(family, "direction"))
+def source_for(family: str, sim_options: dict[str, Any] | None = None) -> DemoSource:
+    """``sim_source`` with the swipe form ``family``'s dialect can write; ``sim_options`` are
+    the training gym's (demonstrations must show the screenshots training will show)."""
+    return functools.partial(
+        sim_source,
+        swipe_style=SWIPE_STYLES.get(family, "direction"),
+        sim_options=dict(sim_options or {}),
+    )
 
 
-def collect_demos(
-    processor: Any, spec: DemoSpec, source: DemoSource | None = None
-) -> list[Demo]:
+def collect_demos(processor: Any, spec: DemoSpec, source: DemoSource | None = None) -> list[Demo]:
     """Blocking: ``demos_from_gym`` in an event loop of its own on a worker thread (callable
     from anywhere, including a thread of a running loop); the gym is closed afterwards."""
 

@@ -103,10 +103,13 @@ class EmbeddedTrainer:
         model_dir = resolve_model_path(cua.agent.model_path, cache)
         if cua.agent.model_path is not None or not cua.warm_start.enabled:
             return model_dir
-        from cua_native.training.warm_start import warm_start
+        from cua_native.training.demos import source_for
+        from cua_native.training.warm_start import WARM_START_MARKER, warm_start, warm_start_key
 
-        target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{cua.warm_start.steps}"
-        if (target / "config.json").is_file():
+        sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
+        key = warm_start_key(cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options)
+        target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{key}"
+        if (target / WARM_START_MARKER).is_file():
             report.warm_start = {"reused": str(target)}
             return target
         result = warm_start(
@@ -116,6 +119,7 @@ class EmbeddedTrainer:
             family=cua.agent.family,
             prompt_overrides=cua.agent.prompt,
             progress=self.progress,
+            demo_source=source_for(cua.agent.family, sim_options),
         )
         report.warm_start = dataclasses.asdict(result)
         return target

@@ -42,6 +42,26 @@ WARM_START_MARKER = "cua_native_warm_start.json"
 """Written last into a finished warm-start directory (its report as JSON)."""
 
 
+def warm_start_key(
+    family: str,
+    settings: WarmStart,
+    prompt_overrides: dict[str, Any],
+    sim_options: dict[str, Any],
+) -> str:
+    """A short hash of everything a warm-started model depends on, to name its cache entry
+    (a config change must not silently reuse a model trained for another prompt or screen)."""
+    import hashlib
+
+    described = {
+        "family": family,
+        "warm_start": settings.model_dump(mode="json"),
+        "prompt": prompt_overrides,
+        "sim": sim_options,
+    }
+    text = json.dumps(described, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 class WarmStartError(RuntimeError):
     """The warm start could not run (no demonstrations, a non-finite loss)."""
 

@@ -208,3 +208,25 @@ async def test_work_runs_off_the_event_loop(processor, make_png) -> None:
         finally:
             tick.cancel()
         assert loop_ticks > 3
+
+
+async def test_build_turn_is_prepare_then_build(processor, make_png) -> None:
+    """One hand-off (``build_turn``) gives what ``prepare_image`` + ``build`` give, and the
+    prompt's pixels by reference concatenate to the request's tensors."""
+    builder = PromptBuilder(default_prompt_config("mai_ui"), processor)
+    task = Task(task_id="t", instruction="open settings")
+    shots = await _shots(builder, make_png, 2)
+    history = _history(builder, shots)
+    screenshot = Screenshot(png=make_png(1080, 2400, (7, 200, 9)))
+    together = await builder.build_turn(task, history, screenshot, GCONFIG)
+    prepared = await builder.prepare_image(screenshot)
+    apart = await builder.build(task, history, prepared, GCONFIG)
+    assert together.input_ids == apart.input_ids
+    assert together.current is not None
+    assert together.current.model_size == prepared.model_size
+    again = await builder.build_turn(task, history, together.current, GCONFIG)
+    assert again.input_ids == apart.input_ids
+    for built in (together, apart):
+        kept = built.pixels.tensors()
+        for key in ("pixel_values", "image_grid_thw"):
+            assert kept[key].equal(built.multi_modal_input[key])

@@ -136,6 +136,7 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
     assert plan.workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
     assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.worker.observer_from_env"
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
+    assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
     assert "--limit-mm-per-prompt" in plan.vllm_command
 
     from areal.utils.dynamic_import import import_from_string

@@ -179,3 +179,18 @@ async def test_first_step_scores_count_parses_and_matches(
     assert score.parse_rate == 0.75 and score.match_rate == 0.5
     sampled = await score_first_steps(engine, firsts, dialect, tokenizer, greedy=False, samples=3)
     assert sampled.prompts == 12 and sampled.matched == 6
+
+
+def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
+    from cua_native.config import WarmStart
+    from cua_native.training.warm_start import warm_start_key
+
+    base = warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {})
+    assert base == warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {})
+    changed = [
+        warm_start_key("qwen3_vl", WarmStart(), {"max_pixels": 65536}, {}),
+        warm_start_key("mai_ui", WarmStart(steps=7), {"max_pixels": 65536}, {}),
+        warm_start_key("mai_ui", WarmStart(), {"max_pixels": 4096}, {}),
+        warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {"screenshot_size": [1, 2]}),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)

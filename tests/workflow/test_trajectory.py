@@ -16,6 +16,7 @@ from cua_native.actions.errors import ParsedOutput, failure
 from cua_native.actions.models import Click
 from cua_native.episode import EpisodeRun
 from cua_native.gym.protocol import Observation, Screenshot, Task
+from cua_native.prompts.pixels import PromptPixels
 from cua_native.records import EpisodeContext, EpisodeRecord, TurnRecord
 from cua_native.trajectory import (
     VisionTokens,
@@ -47,7 +48,9 @@ def _run(reward: float, turn_shapes: list[tuple[int, int]]) -> EpisodeRun:
     record = EpisodeRecord(context=EpisodeContext(task=Task(task_id="t")), reward=reward)
     record.turns = [_turn(i, p, o) for i, (p, o) in enumerate(turn_shapes)]
     mm = [
-        {"pixel_values": torch.randn(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+        PromptPixels.of(
+            {"pixel_values": torch.randn(4, 6), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+        )
         for _ in turn_shapes
     ]
     return EpisodeRun(record=record, multi_modal_inputs=mm)
@@ -125,3 +128,11 @@ def test_rows_go_through_areal_advantages() -> None:
     assert (adv[:2][mask[:2]] > 0).all()
     assert (adv[2][mask[2]] < 0).all()
     assert result[1]["advantages"][0][result[1]["loss_mask"][0].bool()].lt(0).all()
+
+
+def test_token_texts_match_hf_batch_decode(processor) -> None:
+    from cua_native.episode import token_texts_of
+
+    tokenizer = processor.tokenizer
+    ids = tokenizer.encode('<tool_call>{"x": 1} héllo 你好</tool_call><|im_end|>')
+    assert token_texts_of(tokenizer, ids) == tokenizer.batch_decode([[i] for i in ids])

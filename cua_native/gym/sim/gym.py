@@ -3,6 +3,12 @@
 Each execution owns its own seeded ``PhoneState``; the renderer (fonts, icons) is shared per
 gym. Applying an action and rendering a 1080×2400 frame take a few milliseconds of Pillow
 work, which runs in a worker thread (or the executor given), never on the event loop.
+
+``screenshot_size`` renders screenshots at another size than the screen (as a phone that
+returns scaled screenshots); coordinates stay those of the ``width`` × ``height`` screen. Set
+to the size the model sees (``smart_resize`` of the screen for its pixel budget), the prompt
+builder has nothing to resize and the model gets the same geometry, drawn directly: a 160×384
+frame renders in a third of the time of a 1080×2400 one and holds 0.18 MB instead of 7.8 MB.
 """
 
 from __future__ import annotations
@@ -143,12 +149,19 @@ class SimGym:
         height: int = 2400,
         executor: Executor | None = None,
         user_reply: str = DEFAULT_USER_REPLY,
+        screenshot_size: tuple[int, int] | list[int] | None = None,
     ) -> None:
+        shot_w, shot_h = screenshot_size if screenshot_size is not None else (width, height)
+        if min(shot_w, shot_h) < 32 or max(shot_w, shot_h) > 8192:
+            raise ValueError(
+                f"screenshot_size must be two integers between 32 and 8192, got {screenshot_size!r}"
+            )
         self.seed = seed
         self.width, self.height = width, height
         self.executor = executor
         self.user_reply = user_reply
-        self.renderer = Renderer(width, height)
+        self.screenshot_size = (int(shot_w), int(shot_h))
+        self.renderer = Renderer(*self.screenshot_size)
         self._tasks = {t.task_id: t for t in catalogue()}
         self._ids = itertools.count(1)
         self._live: dict[str, SimExecution] = {}
@@ -175,12 +188,16 @@ class SimGym:
 
     def new_execution(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
         """Create an execution synchronously (tests, demonstrations, the HTTP server)."""
+        known, state = self._initial_state(task, options)
+        return self._register(known, state, options)
+
+    def _initial_state(self, task: Task, options: dict[str, Any] | None) -> tuple[Task, PhoneState]:
+        """The task's seeded phone, set up as the task starts (pure; a millisecond or two of
+        CPU, which ``start`` runs off the event loop)."""
         known = self._tasks.get(task.task_id)
         if known is None:
             raise UnknownTask(f"the simulator has no task {task.task_id!r}")
-        seed = (options or {}).get("seed", self.seed)
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"options.seed must be an integer, got {seed!r}")
+        seed = self._seed(options)
         rng = random.Random(f"{seed}:{task.task_id}")
         state = new_state(rng)
 
@@ -192,13 +209,25 @@ class SimGym:
                 state.stack.append(screen_for(app, page))
 
         apply_setup(state, known, open_page)
-        execution_id = f"sim-{seed}-{next(self._ids)}"
-        execution = SimExecution(self, execution_id, known, state, self.user_reply)
+        return known, state
+
+    def _seed(self, options: dict[str, Any] | None) -> int:
+        seed = (options or {}).get("seed", self.seed)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"options.seed must be an integer, got {seed!r}")
+        return seed
+
+    def _register(
+        self, task: Task, state: PhoneState, options: dict[str, Any] | None
+    ) -> SimExecution:
+        execution_id = f"sim-{self._seed(options)}-{next(self._ids)}"
+        execution = SimExecution(self, execution_id, task, state, self.user_reply)
         self._live[execution_id] = execution
         return execution
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
-        return self.new_execution(task, options)
+        known, state = await self.offload(self._initial_state, task, options)
+        return self._register(known, state, options)
 
     async def aclose(self) -> None:
         for execution in list(self._live.values()):

@@ -19,6 +19,8 @@ from cua_native.gym.sim.state import PhoneState
 Color = tuple[int, int, int]
 Font = ImageFont.FreeTypeFont | ImageFont.ImageFont
 _FONT_SCALE = {"Small": 0.88, "Default": 1.0, "Large": 1.18}
+TEXT_MASK_CACHE = 4096
+"""Text masks kept per thread (a few MB at phone resolution; cleared when full)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,42 @@ class Renderer:
         if size not in cache:
             cache[size] = ImageFont.load_default(size=size)
         return cache[size]
+
+    def fit(self, font: Font, text: str, limit: float) -> str:
+        """``text``, cut and ended with "…" if wider than ``limit`` pixels (cached per thread)."""
+        cache: dict[tuple[int, str, float], str] | None = getattr(self._local, "fits", None)
+        if cache is None or len(cache) >= TEXT_MASK_CACHE:
+            cache = self._local.fits = {}
+        key = (id(font), text, limit)
+        if key not in cache:
+            fitted = text
+            if font.getlength(fitted) > limit:
+                while fitted and font.getlength(fitted + "…") > limit:
+                    fitted = fitted[:-1]
+                fitted += "…"
+            cache[key] = fitted
+        return cache[key]
+
+    def text_mask(self, font: Font, text: str, anchor: str) -> tuple[Image.Image, int, int] | None:
+        """``text`` rasterised once as an alpha mask and its offset from the anchor point
+        (``None`` if it draws nothing). FreeType rasterisation is most of a frame's cost and the
+        same strings (clock, labels, names) recur on every frame, so masks are cached per
+        thread, bounded by ``TEXT_MASK_CACHE``."""
+        cache: dict[tuple[int, str, str], tuple[Image.Image, int, int] | None] | None = getattr(
+            self._local, "masks", None
+        )
+        if cache is None or len(cache) >= TEXT_MASK_CACHE:
+            cache = self._local.masks = {}
+        key = (id(font), text, anchor)
+        if key not in cache:
+            left, top, right, bottom = font.getbbox(text, anchor=anchor)
+            if right <= left or bottom <= top:
+                cache[key] = None
+            else:
+                mask = Image.new("L", (int(right - left), int(bottom - top)), 0)
+                ImageDraw.Draw(mask).text((-left, -top), text, fill=255, font=font, anchor=anchor)
+                cache[key] = (mask, int(left), int(top))
+        return cache[key]
 
     def icon(self, app_id: str, size: int) -> Image.Image:
         key = (app_id, size)
@@ -105,12 +143,12 @@ class _Frame:
     ) -> None:
         font = self.r.font(size * self.ts)
         if max_w is not None:
-            limit = max_w * self.r.sx
-            if font.getlength(text) > limit:
-                while text and font.getlength(text + "…") > limit:
-                    text = text[:-1]
-                text += "…"
-        self.d.text((x * self.r.sx, y * self.r.sy), text, fill=color, font=font, anchor=anchor)
+            text = self.r.fit(font, text, max_w * self.r.sx)
+        drawn = self.r.text_mask(font, text, anchor)
+        if drawn is not None:
+            mask, left, top = drawn
+            origin = (round(x * self.r.sx) + left, round(y * self.r.sy) + top)
+            self.image.paste(color, origin, mask)
 
     def draw(self, e: Element) -> None:
         getattr(self, f"_{e.kind}")(e)
