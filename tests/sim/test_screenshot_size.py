@@ -40,7 +40,7 @@ async def test_small_frames_show_the_same_screen_as_full_ones() -> None:
         assert shot is not None
         frames.append(shot.convert("L").resize((27, 60)))
         await execution.close()
-    a, b = (list(f.getdata()) for f in frames)
+    a, b = (list(f.tobytes()) for f in frames)
     mean_abs = sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
     assert mean_abs < 12
 
