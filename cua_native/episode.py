@@ -53,7 +53,7 @@ class EpisodeRun:
     ``PromptPixels.tensors()`` concatenates them when the training row is built)."""
 
     record: EpisodeRecord
-    multi_modal_inputs: list[PromptPixels] = field(default_factory=list)
+    prompt_pixels: list[PromptPixels] = field(default_factory=list)
 
     @property
     def rejected(self) -> bool:
@@ -269,7 +269,7 @@ async def _loop(
                         out_of_time=lambda: expired(deadline, clock),
                     )
             reuse = cached[1] if cached is not None and cached[0] is observation else None
-            turn, prompt_pixels, prepared = await _model_turn(
+            turn, pixels, prepared = await _model_turn(
                 index,
                 observation,
                 reuse,
@@ -291,7 +291,7 @@ async def _loop(
             record.end_reason = "context_limit"
             return
         record.turns.append(turn)
-        run.multi_modal_inputs.append(prompt_pixels)
+        run.prompt_pixels.append(pixels)
         parsed = turn.parsed
         consecutive_errors = consecutive_errors + 1 if parsed.error is not None else 0
         action = parsed.action if parsed.error is None else None

@@ -138,7 +138,7 @@ def group_samples(
     rows = [
         turn_sample(turn, mm, reward, tokens)
         for run, rewards in zip(runs, attributed, strict=True)
-        for turn, mm, reward in zip(run.record.turns, run.multi_modal_inputs, rewards, strict=True)
+        for turn, mm, reward in zip(run.record.turns, run.prompt_pixels, rewards, strict=True)
     ]
     if not rows:
         return None

@@ -64,7 +64,7 @@ async def test_answer_ends_episode_and_everything_is_recorded(
     record = run.record
     assert record.outcome == "completed", record.reject_reason
     assert record.end_reason == "answer" and record.answer == "done"
-    assert len(record.turns) == 2 and len(run.multi_modal_inputs) == 2
+    assert len(record.turns) == 2 and len(run.prompt_pixels) == 2
     assert record.turns[0].step is not None and record.turns[0].step.ok
     assert record.evaluation is not None and record.reward == record.evaluation.reward
     assert not any(t.token_mismatch for t in record.turns)

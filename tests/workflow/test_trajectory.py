@@ -53,7 +53,7 @@ def _run(reward: float, turn_shapes: list[tuple[int, int]]) -> EpisodeRun:
         )
         for _ in turn_shapes
     ]
-    return EpisodeRun(record=record, multi_modal_inputs=mm)
+    return EpisodeRun(record=record, prompt_pixels=mm)
 
 
 def test_discount_and_normalisation() -> None:
