@@ -170,10 +170,11 @@ def decode_output(tokenizer: Any, output_ids: list[int], stop_ids: list[int]) ->
 def token_texts_of(tokenizer: Any, token_ids: list[int]) -> list[str]:
     """Each token decoded on its own (what the monitor shows next to its log-prob); through the
     Rust backend in one call when the tokenizer has one (HF's ``batch_decode`` pays Python
-    overhead per token, on the event loop)."""
+    overhead per token, on the event loop). HF's own path is kept for tokenizers that clean up
+    spaces after decoding, which the backend does not do."""
     singles = [[t] for t in token_ids]
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return list(backend.decode_batch(singles, skip_special_tokens=False))
     return list(tokenizer.batch_decode(singles))
 
