@@ -136,3 +136,20 @@ def test_token_texts_match_hf_batch_decode(processor) -> None:
     tokenizer = processor.tokenizer
     ids = tokenizer.encode('<tool_call>{"x": 1} héllo 你好</tool_call><|im_end|>')
     assert token_texts_of(tokenizer, ids) == tokenizer.batch_decode([[i] for i in ids])
+
+
+def test_token_texts_keep_hf_cleanup_when_the_tokenizer_asks_for_it() -> None:
+    from cua_native.episode import token_texts_of
+
+    class Backend:
+        def decode_batch(self, batch, skip_special_tokens=False):  # pragma: no cover
+            raise AssertionError("the backend skips HF's space clean-up")
+
+    class Tokenizer:
+        backend_tokenizer = Backend()
+        clean_up_tokenization_spaces = True
+
+        def batch_decode(self, batch):
+            return [f"<{ids[0]}>" for ids in batch]
+
+    assert token_texts_of(Tokenizer(), [3, 4]) == ["<3>", "<4>"]
