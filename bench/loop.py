@@ -28,6 +28,7 @@ from cua_native.actions.models import Click
 from cua_native.config import load_config
 from cua_native.defaults import load_processor, make_gym, make_kit, tiny_model_dir
 from cua_native.episode import EpisodeRun, run_episode
+from cua_native.gym.sim.gym import parse_size
 from cua_native.records import EpisodeContext, NullObserver
 from cua_native.runtime import install_cpu_pool, tune_for_rollouts
 from cua_native.workflow_config import AgentConfig
@@ -180,10 +181,7 @@ def main() -> None:
     if args.cores:
         pin_to_cores(args.cores)
     sizes = [int(s) for s in args.sizes.split(",")]
-    size = None
-    if args.screenshot_size:
-        width, height = args.screenshot_size.lower().split("x")
-        size = (int(width), int(height))
+    size = parse_size(args.screenshot_size) if args.screenshot_size else None
     config = agent_config(args.config, args.turns, size)
     asyncio.run(bench(sizes, args.latency, config))
 

@@ -422,11 +422,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper())
     size = None
     if args.screenshot_size:
+        from cua_native.gym.sim.gym import parse_size
+
         try:
-            width, height = (int(v) for v in args.screenshot_size.lower().split("x"))
-        except ValueError:
-            parser.error(f"--screenshot-size must be WIDTHxHEIGHT, got {args.screenshot_size!r}")
-        size = (width, height)
+            size = parse_size(args.screenshot_size)
+        except ValueError as error:
+            parser.error(f"--screenshot-size: {error}")
     gym = load_gym(args.gym, args.seed, size)
     faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
     app = create_app({args.gym_id or gym.gym_id: gym}, faults)

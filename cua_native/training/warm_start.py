@@ -12,6 +12,7 @@ The run is a blocking batch job: call it from a thread when an event loop is run
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -50,8 +51,6 @@ def warm_start_key(
 ) -> str:
     """A short hash of everything a warm-started model depends on, to name its cache entry
     (a config change must not silently reuse a model trained for another prompt or screen)."""
-    import hashlib
-
     described = {
         "family": family,
         "warm_start": settings.model_dump(mode="json"),

@@ -49,3 +49,11 @@ async def test_small_frames_show_the_same_screen_as_full_ones() -> None:
 def test_bad_screenshot_sizes_are_refused(size: tuple[int, int]) -> None:
     with pytest.raises(ValueError, match="screenshot_size"):
         SimGym(screenshot_size=size)
+
+
+def test_sizes_parse_from_the_command_line_form() -> None:
+    from cua_native.gym.sim.gym import parse_size
+
+    assert parse_size("160x384") == (160, 384)
+    with pytest.raises(ValueError, match="WIDTHxHEIGHT"):
+        parse_size("160 by 384")

@@ -43,6 +43,15 @@ from cua_native.gym.sim.tasks import apply_setup, catalogue, validate
 DEFAULT_USER_REPLY = "No further information. Please continue with the task."
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """``"160x384"`` → ``(160, 384)`` (command-line screenshot sizes); ``ValueError`` else."""
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a size is WIDTHxHEIGHT, e.g. 160x384; got {text!r}") from None
+    return width, height
+
+
 class UnknownTask(GymError, LookupError):
     """The simulator has no task with that id."""
 
@@ -188,16 +197,16 @@ class SimGym:
 
     def new_execution(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
         """Create an execution synchronously (tests, demonstrations, the HTTP server)."""
-        known, state = self._initial_state(task, options)
-        return self._register(known, state, options)
+        seed = self._seed(options)
+        known, state = self._initial_state(task, seed)
+        return self._register(known, state, seed)
 
-    def _initial_state(self, task: Task, options: dict[str, Any] | None) -> tuple[Task, PhoneState]:
+    def _initial_state(self, task: Task, seed: int) -> tuple[Task, PhoneState]:
         """The task's seeded phone, set up as the task starts (pure; a millisecond or two of
         CPU, which ``start`` runs off the event loop)."""
         known = self._tasks.get(task.task_id)
         if known is None:
             raise UnknownTask(f"the simulator has no task {task.task_id!r}")
-        seed = self._seed(options)
         rng = random.Random(f"{seed}:{task.task_id}")
         state = new_state(rng)
 
@@ -217,17 +226,16 @@ class SimGym:
             raise ValueError(f"options.seed must be an integer, got {seed!r}")
         return seed
 
-    def _register(
-        self, task: Task, state: PhoneState, options: dict[str, Any] | None
-    ) -> SimExecution:
-        execution_id = f"sim-{self._seed(options)}-{next(self._ids)}"
+    def _register(self, task: Task, state: PhoneState, seed: int) -> SimExecution:
+        execution_id = f"sim-{seed}-{next(self._ids)}"
         execution = SimExecution(self, execution_id, task, state, self.user_reply)
         self._live[execution_id] = execution
         return execution
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
-        known, state = await self.offload(self._initial_state, task, options)
-        return self._register(known, state, options)
+        seed = self._seed(options)
+        known, state = await self.offload(self._initial_state, task, seed)
+        return self._register(known, state, seed)
 
     async def aclose(self) -> None:
         for execution in list(self._live.values()):
