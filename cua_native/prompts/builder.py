@@ -13,7 +13,7 @@ tokenizes the text, expands the pads and concatenates cached tensors (``request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
@@ -45,7 +45,7 @@ from cua_native.prompts.images import (
     sizing_from_processor,
     unencoded_url,
 )
-from cua_native.prompts.pixels import PromptPixels, image_features, kernel_matches
+from cua_native.prompts.pixels import PixelKernel, PromptPixels, image_features
 from cua_native.prompts.request import (
     ProcessedPrompt,
     TokenizedPrompt,
@@ -55,6 +55,7 @@ from cua_native.prompts.request import (
     supports_fast_path,
     tokenize_prompt,
 )
+from cua_native.prompts.segments import SegmentTokenizer
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ class BuiltPrompt:
     """OpenAI-style messages; image parts are data URLs or the gym's URL (with
     ``encode_images=False``: the gym's URL or ``UNENCODED_IMAGE_URL``)."""
     input_ids: list[int]
-    multi_modal_input: dict[str, torch.Tensor]
+    multi_modal_input: Mapping[str, torch.Tensor]
     """Read-only: tensors may be shared with the images' caches."""
     images: list[PreparedImage]
     request: ModelRequest
@@ -129,8 +130,9 @@ class PromptBuilder:
     in ``messages`` (AReaL's remote SGLang/vLLM engines need them); an in-process engine that
     reads ``metadata["multi_modal_input"]`` can set it ``False`` and skip the encoding.
     ``use_processor``: run the processor on the whole prompt every turn (the reference path;
-    taken anyway for processors the fast path does not cover). ``fast`` and ``pixel_kernel``
-    say which path was taken (``pixels.patchify`` is used only when checked exact at start).
+    taken anyway for processors the fast path does not cover). ``fast``, ``pixel_kernel`` (the
+    NumPy ``PixelKernel``) and ``segments`` (the ``SegmentTokenizer``) say which path is taken;
+    the last two are ``None`` unless checked exact against the processor at start.
     """
 
     def __init__(
@@ -152,7 +154,14 @@ class PromptBuilder:
         self.dialect = dialect or dialect_for(config)
         self.encode_images = encode_images
         self.fast = not use_processor and supports_fast_path(processor)
-        self.pixel_kernel = self.fast and kernel_matches(processor.image_processor)
+        self.pixel_kernel = (
+            PixelKernel.for_image_processor(processor.image_processor) if self.fast else None
+        )
+        self.segments = (
+            SegmentTokenizer.for_tokenizer(getattr(processor, "tokenizer", processor))
+            if self.fast
+            else None
+        )
         self._executor = executor
         self._http = http
         self._allowed = tuple(allowed_media_domains)
@@ -303,7 +312,8 @@ class PromptBuilder:
                 window,
                 encode_images=self.encode_images,
             )
-            tokenized = tokenize_prompt(self.processor, messages, images)
+            encode = self.segments.encode if self.segments is not None else None
+            tokenized = tokenize_prompt(self.processor, messages, images, encode)
             if tokenized.length <= self.config.max_context_tokens:
                 return messages, images, tokenized, window
             smaller = shrink(window)

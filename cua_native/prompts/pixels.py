@@ -7,16 +7,17 @@ per-image tensors concatenated in prompt order, and an image that stays in the h
 for several turns is normalised once, not once per turn. ``tests/prompts`` proves the
 equality against ``processor(text=..., images=...)``.
 
-``patchify`` computes the same tensors several times faster for ``Qwen2VLImageProcessorFast``
-(the image processor of Qwen2/2.5/3-VL and MAI-UI checkpoints): the image processor's
-arithmetic redone in NumPy, and the patch layout as one copy with the temporal frame repeat
-as a broadcast view instead of a concatenation.
-``kernel_matches`` checks it against the image processor on a synthetic image before use.
+``PixelKernel`` computes the same tensors several times faster for
+``Qwen2VLImageProcessorFast`` (the image processor of Qwen2/2.5/3-VL and MAI-UI checkpoints):
+the image processor's arithmetic redone in NumPy, and the patch layout as one copy with the
+temporal frame repeat as a broadcast view instead of a concatenation.
+``PixelKernel.for_image_processor`` checks it against the image processor on a synthetic image
+before use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,37 +74,94 @@ def compute_features(image_processor: Any, image: PreparedImage) -> ImageFeature
     return ImageFeatures(pixel_values=out["pixel_values"], image_grid_thw=grid)
 
 
-def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
-    """``compute_features`` for a ``Qwen2VLImageProcessorFast`` (see the module docstring).
+@dataclass(frozen=True, slots=True)
+class PixelKernel:
+    """``compute_features`` for a ``Qwen2VLImageProcessorFast`` (see the module docstring),
+    with the image processor's settings read once.
 
     Plain NumPy on purpose: it runs in worker threads next to the event loop, and torch's
     intra-op thread pool, entered from several threads at once, spends more time spinning than
     computing on images this small. Rescale + normalise is elementwise on uint8 input, so it is
     applied as a 256-entry table per channel, built with the image processor's arithmetic in its
-    order and precision: bit-identical (``kernel_matches`` checks it) and twice as fast."""
-    if image.mode != "RGB":
-        raise ValueError(f"patchify expects an RGB image, got mode {image.mode}")
-    ip = image_processor
-    patch, merge, temporal = int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size)
-    width, height = image.size
-    if width % (patch * merge) or height % (patch * merge):
-        raise ValueError(f"image size {width}x{height} is not a multiple of {patch * merge}")
-    pixels = np.asarray(image, dtype=np.uint8)  # (H, W, C)
-    channels = pixels.shape[2]
-    grid_h, grid_w = height // patch, width // patch
-    blocks = pixels.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels)
-    # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
-    ordered = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
-    ordered = ordered.reshape(grid_h * grid_w, channels, patch * patch)
-    table = normalization_table(ip, channels)
-    rows = np.empty((grid_h * grid_w, channels, temporal, patch * patch), dtype=np.float32)
-    for channel in range(channels):
-        np.take(table[:, channel], ordered[:, channel], out=rows[:, channel, 0])
-    rows[:, :, 1:] = rows[:, :, :1]  # the temporal repeat of a still image
-    grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
-    return ImageFeatures(
-        pixel_values=torch.from_numpy(rows.reshape(grid_h * grid_w, -1)), image_grid_thw=grid
-    )
+    order and precision: bit-identical (``for_image_processor`` checks it) and twice as fast."""
+
+    patch: int
+    merge: int
+    temporal: int
+    table: np.ndarray
+    """``normalization_table``: ``(256, channels)`` float32."""
+
+    @classmethod
+    def build(cls, image_processor: Any, channels: int = 3) -> PixelKernel:
+        """The kernel for these settings, unchecked (``for_image_processor`` checks)."""
+        ip = image_processor
+        return cls(
+            patch=int(ip.patch_size),
+            merge=int(ip.merge_size),
+            temporal=int(ip.temporal_patch_size),
+            table=normalization_table(ip, channels),
+        )
+
+    @classmethod
+    def for_image_processor(cls, image_processor: Any) -> PixelKernel | None:
+        """The kernel if it reproduces this image processor exactly (values, dtypes, layout),
+        checked on a small synthetic image with a 3x2 grid of merge blocks; else ``None``."""
+        if type(image_processor).__name__ not in KERNEL_IMAGE_PROCESSORS:
+            return None
+        try:
+            kernel = cls.build(image_processor)
+            factor = kernel.patch * kernel.merge
+            rng = np.random.default_rng(0)
+            probe = rng.integers(0, 256, (3 * factor, 2 * factor, 3), dtype=np.uint8)
+            image = PreparedImage(
+                image=Image.fromarray(probe, "RGB"),
+                original_size=(2 * factor, 3 * factor),
+                model_size=(2 * factor, 3 * factor),
+            )
+            mine = kernel(image.image)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return None
+        theirs = compute_features(image_processor, image)
+        same = all(
+            a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+            for a, b in (
+                (mine.pixel_values, theirs.pixel_values),
+                (mine.image_grid_thw, theirs.image_grid_thw),
+            )
+        )
+        return kernel if same else None
+
+    def __call__(self, image: Image.Image) -> ImageFeatures:
+        if image.mode != "RGB":
+            raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
+        patch, merge, temporal = self.patch, self.merge, self.temporal
+        width, height = image.size
+        if width % (patch * merge) or height % (patch * merge):
+            raise ValueError(f"image size {width}x{height} is not a multiple of {patch * merge}")
+        pixels = np.asarray(image, dtype=np.uint8)  # (H, W, C)
+        channels = pixels.shape[2]
+        if channels != self.table.shape[1]:
+            raise ValueError(f"the kernel is for {self.table.shape[1]} channels, got {channels}")
+        grid_h, grid_w = height // patch, width // patch
+        blocks = pixels.reshape(
+            grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels
+        )
+        # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
+        ordered = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
+        ordered = ordered.reshape(grid_h * grid_w, channels, patch * patch)
+        rows = np.empty((grid_h * grid_w, channels, temporal, patch * patch), dtype=np.float32)
+        for channel in range(channels):
+            np.take(self.table[:, channel], ordered[:, channel], out=rows[:, channel, 0])
+        rows[:, :, 1:] = rows[:, :, :1]  # the temporal repeat of a still image
+        grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
+        return ImageFeatures(
+            pixel_values=torch.from_numpy(rows.reshape(grid_h * grid_w, -1)), image_grid_thw=grid
+        )
+
+
+def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
+    """``PixelKernel`` for this image processor applied to one image (unchecked)."""
+    return PixelKernel.build(image_processor)(image)
 
 
 def normalization_table(ip: Any, channels: int) -> np.ndarray:
@@ -124,41 +182,19 @@ def normalization_table(ip: Any, channels: int) -> np.ndarray:
 
 
 def kernel_matches(image_processor: Any) -> bool:
-    """Whether ``patchify`` reproduces this image processor exactly (values, dtypes, layout),
-    checked on a small synthetic image with a 3x2 grid of merge blocks."""
-    if type(image_processor).__name__ not in KERNEL_IMAGE_PROCESSORS:
-        return False
-    factor = int(image_processor.patch_size) * int(image_processor.merge_size)
-    rng = np.random.default_rng(0)
-    probe = rng.integers(0, 256, (3 * factor, 2 * factor, 3), dtype=np.uint8)
-    image = PreparedImage(
-        image=Image.fromarray(probe, "RGB"),
-        original_size=(2 * factor, 3 * factor),
-        model_size=(2 * factor, 3 * factor),
-    )
-    try:
-        mine = patchify(image_processor, image.image)
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        return False
-    theirs = compute_features(image_processor, image)
-    return all(
-        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-        for a, b in (
-            (mine.pixel_values, theirs.pixel_values),
-            (mine.image_grid_thw, theirs.image_grid_thw),
-        )
-    )
+    """Whether ``PixelKernel`` reproduces this image processor exactly."""
+    return PixelKernel.for_image_processor(image_processor) is not None
 
 
 def image_features(
-    image_processor: Any, image: PreparedImage, *, kernel: bool = False
+    image_processor: Any, image: PreparedImage, *, kernel: PixelKernel | None = None
 ) -> ImageFeatures:
     """The image's tensors for this image processor, computed on first use. Blocking.
 
-    ``kernel``: use ``patchify`` (only when ``kernel_matches(image_processor)``)."""
+    ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``)."""
     key = image_processor_key(image_processor)
-    if kernel:
-        return image.cached(key, lambda: patchify(image_processor, image.image))
+    if kernel is not None:
+        return image.cached(key, lambda: kernel(image.image))
     return image.cached(key, lambda: compute_features(image_processor, image))
 
 
@@ -198,3 +234,49 @@ class PromptPixels:
         if self.given is not None:
             return dict(self.given)
         return concat_features(self.features)
+
+
+class PromptTensors(Mapping[str, torch.Tensor]):
+    """A prompt's ``multi_modal_input`` (``pixel_values``, ``image_grid_thw``, then the
+    ``extra`` tensors), each computed on first access: the image tensors concatenated, the
+    extra ones by their factories.
+
+    What a request carries: an in-process engine reads it (in its own worker thread), while
+    AReaL's remote engines take ``image_data`` and never touch it, so for them a turn no longer
+    copies every history image into a new multi-megabyte tensor. Read-only; two threads reading
+    at once may both compute a value, which is the same either way."""
+
+    def __init__(
+        self, pixels: PromptPixels, extra: Mapping[str, Callable[[], torch.Tensor]]
+    ) -> None:
+        self.pixels = pixels
+        self._extra = dict(extra)
+        if pixels.given is not None:
+            self._image_keys: tuple[str, ...] = tuple(k for k in pixels.given if k not in extra)
+        else:
+            self._image_keys = ("pixel_values", "image_grid_thw") if pixels.features else ()
+        self._values: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        value = self._values.get(key)
+        if value is not None:
+            return value
+        if key in self._extra:
+            value = self._values[key] = self._extra[key]()
+            return value
+        if key not in self._image_keys:
+            raise KeyError(key)
+        images = self.pixels.tensors()
+        self._values.update(images)
+        return images[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._image_keys
+        yield from self._extra
+
+    def __len__(self) -> int:
+        return len(self._image_keys) + len(self._extra)
+
+    def __repr__(self) -> str:
+        done = [key for key in self if key in self._values]
+        return f"PromptTensors({list(self)}, computed: {done})"

@@ -16,16 +16,23 @@ expanded prompt. All functions are blocking; ``PromptBuilder`` runs them off the
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
 from cua_native.prompts.images import PreparedImage
-from cua_native.prompts.pixels import PromptPixels, concat_features, image_features
+from cua_native.prompts.pixels import (
+    PixelKernel,
+    PromptPixels,
+    PromptTensors,
+    image_features,
+)
 
 VLLM_IMAGE_PLACEHOLDER = "placeholder"
 """AReaL's vLLM backend replaces every ``image_url`` with ``req.image_data`` in order."""
@@ -42,7 +49,7 @@ class PromptTokenMismatch(RuntimeError):
 @dataclass
 class ProcessedPrompt:
     input_ids: list[int]
-    multi_modal_input: dict[str, torch.Tensor]
+    multi_modal_input: Mapping[str, torch.Tensor]
     """``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` (batch dim 1 for the
     ids). Read-only: tensors may be shared with the images' caches."""
     text: str
@@ -134,14 +141,17 @@ def _check_pads(processor: Any, text: str, images: Sequence[PreparedImage]) -> N
 
 
 def tokenize_prompt(
-    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[PreparedImage]
+    processor: Any,
+    messages: Sequence[dict[str, Any]],
+    images: Sequence[PreparedImage],
+    encode: Callable[[str], list[int]] | None = None,
 ) -> TokenizedPrompt:
-    """Render and tokenize with one pad per image; no image processing."""
+    """Render and tokenize with one pad per image; no image processing. ``encode``: a tokenizer
+    equivalent to the processor's (``segments.SegmentTokenizer.encode``)."""
     text = render_text(processor, messages)
     _check_pads(processor, text, images)
-    ids: list[int] = _tokenizer(processor)(text)["input_ids"]
-    pad_id = _image_token_id(processor)
-    if sum(1 for token in ids if token == pad_id) != len(images):
+    ids: list[int] = encode(text) if encode else _tokenizer(processor)(text)["input_ids"]
+    if ids.count(_image_token_id(processor)) != len(images):
         raise PromptTokenMismatch(
             f"the tokenizer did not make one {processor.image_token} id per image"
         )
@@ -158,12 +168,12 @@ def count_tokens(
 
 def mm_token_type_ids(processor: Any, input_ids: Sequence[int]) -> torch.Tensor:
     """``(1, L)`` int64: 1 on image pads, 2 on video pads, 0 elsewhere (as the processor)."""
-    ids = torch.tensor([list(input_ids)], dtype=torch.long)
-    types = (ids == _image_token_id(processor)).long()
+    ids = np.asarray(input_ids, dtype=np.int64)
+    types = (ids == _image_token_id(processor)).astype(np.int64)
     video_id = getattr(processor, "video_token_id", None)
     if video_id is not None:
-        types += (ids == int(video_id)).long() * 2
-    return types
+        types += (ids == int(video_id)).astype(np.int64) * 2
+    return torch.from_numpy(types.reshape(1, -1))
 
 
 def expand_prompt(
@@ -171,10 +181,11 @@ def expand_prompt(
     tokenized: TokenizedPrompt,
     images: Sequence[PreparedImage],
     *,
-    kernel: bool = False,
+    kernel: PixelKernel | None = None,
 ) -> ProcessedPrompt:
-    """The fast path's ids and tensors: pads expanded once, cached pixels concatenated
-    (images without cached pixels get them now; ``kernel``: see ``pixels.image_features``)."""
+    """The fast path's ids and tensors: pads expanded once, the images' cached pixels
+    (images without cached pixels get them now; ``kernel``: see ``pixels.image_features``)
+    concatenated when the tensors are first read (``pixels.PromptTensors``)."""
     if len(tokenized.image_tokens) != len(images):
         raise PromptTokenMismatch(
             f"the prompt was tokenized for {len(tokenized.image_tokens)} images, got {len(images)}"
@@ -183,31 +194,32 @@ def expand_prompt(
     features = [image_features(image_processor, im, kernel=kernel) for im in images]
     merge = int(image_processor.merge_size)
     pad_id = _image_token_id(processor)
+    ids = tokenized.ids
     input_ids: list[int] = []
     start = 0
-    pads = iter(zip(features, tokenized.image_tokens, strict=True))
-    for position, token in enumerate(tokenized.ids):
-        if token != pad_id:
-            continue
-        feature, expected = next(pads)
+    for feature, expected in zip(features, tokenized.image_tokens, strict=True):
         tokens = feature.patches // (merge * merge)
         if tokens != expected:
             raise PromptTokenMismatch(
                 f"image_grid_thw {feature.image_grid_thw.tolist()} gives {tokens} tokens, "
                 f"the prepared image size {expected}"
             )
-        input_ids += tokenized.ids[start:position]
+        try:
+            position = ids.index(pad_id, start)
+        except ValueError:
+            raise PromptTokenMismatch("fewer image pads in the ids than images") from None
+        input_ids += ids[start:position]
         input_ids += [pad_id] * tokens
         start = position + 1
-    input_ids += tokenized.ids[start:]
-    mm = concat_features(features)
-    mm["mm_token_type_ids"] = mm_token_type_ids(processor, input_ids)
-    _check_expansion(processor, input_ids, images, mm.get("image_grid_thw"))
+    input_ids += ids[start:]
+    pixels = PromptPixels(features=tuple(features))
+    grid_tokens = sum(f.patches for f in features) // (merge * merge)
+    _check_expansion(processor, input_ids, images, grid_tokens)
+    mm = PromptTensors(
+        pixels, {"mm_token_type_ids": partial(mm_token_type_ids, processor, input_ids)}
+    )
     return ProcessedPrompt(
-        input_ids=input_ids,
-        multi_modal_input=mm,
-        text=tokenized.text,
-        pixels=PromptPixels(features=tuple(features)),
+        input_ids=input_ids, multi_modal_input=mm, text=tokenized.text, pixels=pixels
     )
 
 
@@ -228,21 +240,25 @@ def run_processor(
     for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
         if key in out:
             mm[key] = out[key]
-    _check_expansion(processor, input_ids, images, mm.get("image_grid_thw"))
+    grid = mm.get("image_grid_thw")
+    implied = 0 if grid is None else int(grid.prod(dim=-1).sum()) // merge_size(processor) ** 2
+    _check_expansion(processor, input_ids, images, implied)
     pixels = PromptPixels.of({k: v for k, v in mm.items() if k != "mm_token_type_ids"})
     return ProcessedPrompt(input_ids=input_ids, multi_modal_input=mm, text=text, pixels=pixels)
+
+
+def merge_size(processor: Any) -> int:
+    return int(processor.image_processor.merge_size)
 
 
 def _check_expansion(
     processor: Any,
     input_ids: list[int],
     images: Sequence[PreparedImage],
-    grid: torch.Tensor | None,
+    implied: int,
 ) -> None:
-    pad_id = _image_token_id(processor)
-    found = sum(1 for token in input_ids if token == pad_id)
-    merge = int(processor.image_processor.merge_size)
-    implied = 0 if grid is None else int(grid.prod(dim=-1).sum()) // (merge * merge)
+    """``implied``: the image tokens the image grids imply."""
+    found = input_ids.count(_image_token_id(processor))
     expected = sum(image_token_count(processor, im) for im in images)
     if not found == implied == expected:
         raise PromptTokenMismatch(

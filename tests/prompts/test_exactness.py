@@ -83,7 +83,7 @@ async def test_fast_path_equals_the_processor_every_turn(
     processor = request.getfixturevalue(fixture)
     config = default_prompt_config(family, **overrides)
     builder = PromptBuilder(config, processor, encode_images=False)
-    assert builder.fast and builder.pixel_kernel
+    assert builder.fast and builder.pixel_kernel and builder.segments is not None
     shots = make_shots(builder.sizing, 5)
     merge = processor.image_processor.merge_size
     pad = processor.image_token_id

@@ -53,17 +53,23 @@ async def test_pixels_are_computed_once_per_image(
     processor, make_shots, monkeypatch: pytest.MonkeyPatch, kernel: bool
 ) -> None:
     builder = PromptBuilder(default_prompt_config("mai_ui"), processor)
-    assert builder.pixel_kernel
-    builder.pixel_kernel = kernel
+    assert builder.pixel_kernel is not None
+    if not kernel:
+        builder.pixel_kernel = None
     calls: list[tuple[str, Image.Image]] = []
-    for name in ("compute_features", "patchify"):
-        original = getattr(pixels, name)
+    original_kernel = pixels.PixelKernel.__call__
+    original_features = pixels.compute_features
 
-        def counting(image_processor, image, _name=name, _original=original):
-            calls.append((_name, image if _name == "patchify" else image.image))
-            return _original(image_processor, image)
+    def counting_kernel(self, image):
+        calls.append(("kernel", image))
+        return original_kernel(self, image)
 
-        monkeypatch.setattr(pixels, name, counting)
+    def counting_features(image_processor, image):
+        calls.append(("compute_features", image.image))
+        return original_features(image_processor, image)
+
+    monkeypatch.setattr(pixels.PixelKernel, "__call__", counting_kernel)
+    monkeypatch.setattr(pixels, "compute_features", counting_features)
     shots = make_shots(builder.sizing, 5)
     history: list[HistoryStep] = []
     for shot in shots:
@@ -71,7 +77,7 @@ async def test_pixels_are_computed_once_per_image(
         history.append(_step(shot))
     assert len(built.images) == 3
     # 1 + 2 + 3 + 3 + 3 images shown, each normalised once, by the chosen path.
-    used = "patchify" if kernel else "compute_features"
+    used = "kernel" if kernel else "compute_features"
     assert [(name, id(im)) for name, im in calls] == [(used, id(s.image)) for s in shots]
     # Turn 5 released turns 1-2 (never shown again); the window's images stay cached.
     assert [bool(s._cache) for s in shots] == [False, False, True, True, True]
@@ -133,6 +139,28 @@ async def test_encode_images_false_encodes_nothing(processor, make_shots) -> Non
     assert encoded.input_ids == built.input_ids and encoded.text == built.text
     assert encoded.request.image_data == [im.png_base64 for im in built.images]
     assert _image_urls(encoded.messages) == [im.data_url for im in built.images]
+
+
+async def test_request_tensors_are_concatenated_when_first_read(processor, make_shots) -> None:
+    builder = PromptBuilder(default_prompt_config("mai_ui"), processor, encode_images=False)
+    shots = make_shots(builder.sizing, 3)
+    built = await builder.build(TASK, [_step(im) for im in shots[:2]], shots[2], GCONFIG)
+    mm = built.request.metadata["multi_modal_input"]
+    assert isinstance(mm, pixels.PromptTensors)
+    assert list(mm) == ["pixel_values", "image_grid_thw", "mm_token_type_ids"] and len(mm) == 3
+    assert "computed: []" in repr(mm)
+    assert mm["mm_token_type_ids"].shape == (1, len(built.input_ids))
+    assert "computed: ['mm_token_type_ids']" in repr(mm)  # the ids' types need no pixels
+    assert mm["mm_token_type_ids"] is mm["mm_token_type_ids"]
+    expected = pixels.concat_features(
+        [pixels.image_features(processor.image_processor, im) for im in shots]
+    )
+    assert torch.equal(mm["pixel_values"], expected["pixel_values"])
+    assert torch.equal(mm["image_grid_thw"], expected["image_grid_thw"])
+    assert mm["pixel_values"] is mm["pixel_values"]  # concatenated once
+    assert set(dict(mm)) == set(mm) and "video_grid_thw" not in mm
+    with pytest.raises(KeyError):
+        mm["pixel_values_videos"]
 
 
 def test_expansion_mismatches_are_refused(processor, make_shots) -> None:
