@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from areal.utils.data import concat_padded_tensors
 
@@ -93,17 +94,27 @@ def turn_sample(
     """One turn as an AReaL row (batch dimension 1)."""
     if isinstance(multi_modal_input, PromptPixels):
         multi_modal_input = multi_modal_input.tensors()
-    prompt, output = turn.prompt_ids, turn.output_ids
-    if not output:
+    if not turn.output_ids:
         raise ValueError(f"turn {turn.index} has no output tokens")
-    seq = prompt + output
-    mm_types = [_mm_type(i, tokens) for i in prompt] + [0] * len(output)
+    prompt = np.asarray(turn.prompt_ids, dtype=np.int64)
+    n_prompt = len(prompt)
+    seq = np.concatenate([prompt, np.asarray(turn.output_ids, dtype=np.int64)])
+    mm_types = np.zeros(len(seq), dtype=np.int64)
+    mm_types[:n_prompt] = prompt == tokens.image_pad
+    if tokens.video_pad is not None:
+        mm_types[:n_prompt][prompt == tokens.video_pad] = 2
+    loss_mask = np.zeros(len(seq), dtype=np.int32)
+    loss_mask[n_prompt:] = 1
+    logprobs = np.zeros(len(seq), dtype=np.float32)
+    logprobs[n_prompt:] = turn.output_logprobs
+    versions = np.full(len(seq), -1, dtype=np.int32)
+    versions[n_prompt:] = turn.output_versions
     sample: dict[str, Any] = {
-        "input_ids": torch.tensor([seq], dtype=torch.long),
-        "mm_token_type_ids": torch.tensor([mm_types], dtype=torch.long),
-        "loss_mask": torch.tensor([[0] * len(prompt) + [1] * len(output)], dtype=torch.int32),
-        "logprobs": torch.tensor([[0.0] * len(prompt) + turn.output_logprobs], dtype=torch.float32),
-        "versions": torch.tensor([[-1] * len(prompt) + turn.output_versions], dtype=torch.int32),
+        "input_ids": _row(seq),
+        "mm_token_type_ids": _row(mm_types),
+        "loss_mask": _row(loss_mask),
+        "logprobs": _row(logprobs),
+        "versions": _row(versions),
         "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
         "rewards": torch.tensor([reward], dtype=torch.float32),
     }
@@ -117,12 +128,9 @@ def turn_sample(
 _MM_KEYS = ("pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos")
 
 
-def _mm_type(token_id: int, tokens: VisionTokens) -> int:
-    if token_id == tokens.image_pad:
-        return 1
-    if tokens.video_pad is not None and token_id == tokens.video_pad:
-        return 2
-    return 0
+def _row(values: np.ndarray) -> torch.Tensor:
+    """A ``(1, L)`` tensor sharing the array's memory."""
+    return torch.from_numpy(values).reshape(1, -1)
 
 
 def group_samples(

@@ -141,7 +141,10 @@ class CUAAgentWorkflow(RolloutWorkflow):
             return None
         record_group_stats(tracker, runs)
         config = self.config
-        samples = group_samples(
+        # Megabytes of tensors per group (each turn's row carries its prompt's pixel values):
+        # off the event loop, like the rest of the per-turn CPU work.
+        samples = await asyncio.to_thread(
+            group_samples,
             runs,
             resources.tokens,
             gamma=config.turn_discount,
