@@ -30,7 +30,7 @@ from cua_native.defaults import load_engine, load_processor, make_gym, make_kit,
 from cua_native.episode import EpisodeRun, run_with_retry
 from cua_native.gym.protocol import Execution, Gym, Task
 from cua_native.records import EpisodeContext, EpisodeObserver, NullObserver
-from cua_native.runtime import tune_for_rollouts, with_cpu_pool
+from cua_native.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
 from cua_native.workflow_config import AgentConfig, GymConfig
 
 
@@ -311,6 +311,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         tasks = select_tasks(await gym.list_tasks(), args.tasks)
         processor = await asyncio.to_thread(load_processor, model_path)
         engine = await load_engine(model_path, seed=args.seed or 0)
+        freeze_startup_heap()
         if args.monitor or args.db:
             from cua_native.monitor.recorder import recorder_from_config
 

@@ -26,6 +26,7 @@ from typing import Any
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.records import EpisodeObserver, EpisodeTally, FanoutObserver
+from cua_native.runtime import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class EmbeddedTrainer:
             model_path=str(model_dir),
         )
         await recorder.start()
+        freeze_startup_heap()
         try:
             report = await self._train(
                 report,

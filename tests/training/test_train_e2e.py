@@ -137,6 +137,7 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
     assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.worker.observer_from_env"
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
     assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
+    assert plan.worker_env["MALLOC_ARENA_MAX"] == "1"
     assert "--limit-mm-per-prompt" in plan.vllm_command
 
     from areal.utils.dynamic_import import import_from_string
