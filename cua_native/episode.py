@@ -22,6 +22,7 @@ from areal.api.io_struct import ModelRequest, ModelResponse
 from cua_native.actions.dialects import Dialect
 from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
+from cua_native.cpu_pool import WORK_RANK
 from cua_native.gym.protocol import Evaluation, Execution, Gym, Observation, StepResult, Task
 from cua_native.prompts import HistoryStep, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
@@ -70,6 +71,10 @@ class Turnkit:
     tokenizer: Any
     gconfig: GenerationHyperparameters
     config: AgentConfig
+    token_texts: TokenTexts = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_texts", TokenTexts(self.tokenizer))
 
 
 class _Clock:
@@ -179,6 +184,22 @@ def token_texts_of(tokenizer: Any, token_ids: list[int]) -> list[str]:
     return list(tokenizer.batch_decode(singles))
 
 
+class TokenTexts:
+    """``token_texts_of`` with each id's text decoded once (a vocabulary's worth at most)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_ids: list[int]) -> list[str]:
+        texts = self._texts
+        missing = [t for t in dict.fromkeys(token_ids) if t not in texts]
+        if missing:
+            # Concurrent callers may decode the same id; the text is the same.
+            texts.update(zip(missing, token_texts_of(self.tokenizer, missing), strict=True))
+        return [texts[t] for t in token_ids]
+
+
 def feedback_for(parsed: ParsedOutput, step: StepResult | None) -> str | None:
     """What the model is told about its last turn at the start of the next one."""
     if parsed.error is not None:
@@ -207,12 +228,15 @@ async def run_episode(
     timer = _Clock(record.timings)
     deadline = clock() + config.episode_timeout_s
     execution: Execution | None = None
+    started = time.monotonic()
+    # The CPU pool's order for this episode's work (``cpu_pool``); _loop moves it per turn.
+    rank = WORK_RANK.set((0, started))
     notify(observer, "episode_started", context)
     try:
         with timer.phase("create"):
             execution = await _start(gym, task, config.turn_timeout_s)
         context.execution_id = execution.execution_id
-        await _loop(execution, engine, kit, run, observer, timer, deadline, clock)
+        await _loop(execution, engine, kit, run, observer, timer, deadline, clock, started)
         with timer.phase("evaluate"):
             evaluation: Evaluation = await _guarded(
                 execution.evaluate(record.answer),
@@ -230,9 +254,12 @@ async def run_episode(
         record.end_reason = failure.reason
         logger.warning("episode %s rejected: %s", context.episode_id, failure)
     finally:
-        if execution is not None:
-            with timer.phase("close"):
-                await close_execution(execution, config.close_timeout_s)
+        try:
+            if execution is not None:
+                with timer.phase("close"):
+                    await close_execution(execution, config.close_timeout_s)
+        finally:
+            WORK_RANK.reset(rank)
     notify(observer, "episode_finished", record)
     return run
 
@@ -246,6 +273,7 @@ async def _loop(
     timer: _Clock,
     deadline: float,
     clock: Callable[[], float],
+    started: float,
 ) -> None:
     config = kit.config
     record = run.record
@@ -255,6 +283,7 @@ async def _loop(
     cached: tuple[Observation, Any] | None = None
     # The last observation's prepared image: a parse-error turn shows the same screen again.
     for index in range(config.max_turns):
+        WORK_RANK.set((index, started))  # reset by run_episode
         remaining = deadline - clock()
         if remaining <= 0:
             record.end_reason = "time_limit"
@@ -387,7 +416,7 @@ async def _model_turn(
         stop_ids = list(kit.gconfig.stop_token_ids)
         text = decode_output(kit.tokenizer, response.output_tokens, stop_ids)
         parsed = kit.dialect.parse(text, image_size=prepared.model_size)
-        token_texts = token_texts_of(kit.tokenizer, response.output_tokens)
+        token_texts = kit.token_texts(response.output_tokens)
     prompt_ids = list(response.input_tokens) or sent_ids
     turn = TurnRecord(
         index=index,

@@ -10,6 +10,7 @@ import pytest
 from areal.utils import stats_tracker
 
 from cua_native.actions.models import Answer, Click
+from cua_native.cpu_pool import WORK_RANK
 from cua_native.defaults import make_kit
 from cua_native.episode import run_episode, run_with_retry
 from cua_native.records import EpisodeContext, NullObserver
@@ -221,3 +222,41 @@ async def test_workflow_group_rows_and_stats(
     assert stats["rollout/cua/turns"] == 2.0 and stats["rollout/cua/turns__count"] == 2
     assert "rollout/cua/time/generate" in stats and "rollout/cua/parse_errors/format" in stats
     assert gym.started == gym.closed == 2
+
+
+async def test_episode_work_is_ranked_by_turn_and_start_time(
+    processor, scripted_engine_factory, faulty_gym_factory
+) -> None:
+    """Every gym call of an episode runs under ``WORK_RANK = (turn, start time)``, the order the
+    CPU pool serves work in; the caller's rank is restored afterwards."""
+    kit = make_kit(AgentConfig(max_turns=3), processor)
+    gym = faulty_gym_factory()
+    seen: list[tuple[str, Any]] = []
+    check = gym.check
+
+    async def recording(call: str) -> None:
+        seen.append((call, WORK_RANK.get()))
+        await check(call)
+
+    gym.check = recording
+    engine = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.5, y=0.5))
+    task = await _first_task(gym)
+    run = await run_episode(
+        gym=gym,
+        task=task,
+        engine=engine,
+        kit=kit,
+        context=EpisodeContext(task=task),
+        observer=NullObserver(),
+    )
+    assert run.record.end_reason == "max_turns"
+    assert WORK_RANK.get() is None
+    assert len({rank[1] for _, rank in seen}) == 1  # one start time
+    assert [(call, rank[0]) for call, rank in seen] == [
+        ("start", 0),
+        ("observe", 0),  # later screens come with the act (the simulator renders them)
+        ("act", 0),
+        ("act", 1),
+        ("act", 2),
+        ("evaluate", 2),
+    ]

@@ -153,3 +153,22 @@ def test_token_texts_keep_hf_cleanup_when_the_tokenizer_asks_for_it() -> None:
             return [f"<{ids[0]}>" for ids in batch]
 
     assert token_texts_of(Tokenizer(), [3, 4]) == ["<3>", "<4>"]
+
+
+def test_token_texts_decode_each_id_once(processor) -> None:
+    from cua_native.episode import TokenTexts, token_texts_of
+
+    decoded: list[list[int]] = []
+
+    class Counting:
+        clean_up_tokenization_spaces = True  # HF's path, so batch_decode sees every miss
+
+        def batch_decode(self, batch):
+            decoded.extend(batch)
+            return processor.tokenizer.batch_decode(batch)
+
+    texts = TokenTexts(Counting())
+    ids = processor.tokenizer.encode("héllo héllo <|im_end|> 你好")
+    assert texts(ids) == token_texts_of(processor.tokenizer, ids)
+    assert texts(ids[::-1]) == token_texts_of(processor.tokenizer, ids[::-1])
+    assert sorted(i for [i] in decoded) == sorted(set(ids))
