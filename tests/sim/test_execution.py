@@ -30,10 +30,28 @@ async def test_protocols_and_observation(gym: SimGym) -> None:
     assert image is not None and image.mode == "RGB" and image.size == (1080, 2400)
     assert (first.width, first.height, first.turn) == (1080, 2400, 0)
     assert (await execution.observe()).screenshot.image is image  # one cached frame
-    await execution.act(m.OpenApp(name="settings"))
+    step = await execution.act(m.OpenApp(name="settings"))
+    assert step.ok and step.observation is not None  # the act renders the next screen
     after = await execution.observe()
     assert after.turn == 1 and after.screenshot.image is not image
+    assert after.screenshot.image is step.observation.screenshot.image
     await execution.close()
+
+
+async def test_the_act_screen_is_the_observed_screen() -> None:
+    """The frame an act returns equals what observing the same state renders."""
+    eager, lazy = SimGym(screenshot_size=(160, 384)), SimGym(screenshot_size=(160, 384))
+    task = await eager.get_task("sim-013")
+    one, other = await eager.start(task), await lazy.start(task)
+    for action in SCRIPT:
+        step = await one.act(action)
+        await other.act(action)
+        other._frame = None  # force a fresh render of the same state
+        assert step.observation is not None and step.observation.screenshot.image is not None
+        fresh = (await other.observe()).screenshot.image
+        assert fresh is not None
+        assert step.observation.screenshot.image.tobytes() == fresh.tobytes()
+        assert step.observation.turn == (await other.observe()).turn
 
 
 async def _frames(gym: SimGym, seed: int) -> list[bytes]:

@@ -80,18 +80,30 @@ class SimExecution:
             self._frame = self.gym.renderer.render(self.state, build_layout(self.state))
         return self._frame
 
+    def _observation(self) -> Observation:
+        return Observation(
+            Screenshot(image=self._render()), self.gym.width, self.gym.height, turn=self.state.turn
+        )
+
     async def observe(self) -> Observation:
         async with self._lock:
             self._check()
-            frame = await self.gym.offload(self._render)
-            return Observation(
-                Screenshot(image=frame), self.gym.width, self.gym.height, turn=self.state.turn
-            )
+            if self._frame is not None:  # rendered by the last act: no thread hop
+                return self._observation()
+            return await self.gym.offload(self._observation)
 
     def _act(self, action: m.Action) -> StepResult:
+        """Apply the action and render the screen it leads to, in one off-loop call: the
+        loop's next prompt needs that screenshot, and a separate ``observe`` would cost a
+        second thread hand-off per turn."""
         outcome = self.phone.apply(action)
         self._frame = None
-        return StepResult(ok=outcome.ok, error=outcome.error, feedback=outcome.feedback)
+        return StepResult(
+            ok=outcome.ok,
+            error=outcome.error,
+            feedback=outcome.feedback,
+            observation=self._observation(),
+        )
 
     async def act(self, action: m.Action) -> StepResult:
         async with self._lock:
