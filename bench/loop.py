@@ -9,15 +9,18 @@ pixel tensors). Two ways to have N episodes in flight, both against the latency-
 ``N / (turns × latency)`` episodes/s:
 
 * **wave**: N episodes start together; the row ends when the last one finishes (one synchronous
-  rollout batch). Every episode's first turn needs the CPU before its first ``agenerate``, so
-  the burst costs ``N × first-turn CPU`` of wall time on top of the ideal.
+  rollout batch). The episodes' turns stay bunched: in every round all N episodes' CPU work
+  queues on the same core, so the last episode finishes about ``N × CPU per turn`` (plus the
+  last groups' training rows) after the ideal.
 * **sustained**: N episodes in flight at all times, a new group started as soon as one finishes
   (AReaL's asynchronous rollout with ``max_concurrent_rollouts = N``); episodes/s counted over
   a window after a warm-up, when the start-up burst has spread out.
 
 Also printed: the event-loop lag (a 10 ms ticker's scheduling delay, p50/p99), process CPU and
-minor page faults per turn, peak RSS and the event-loop thread's share of a core. The first row ("cold") is a wave at
-the largest size: a process's first batch, with its heap growth; the rows after it are warm.
+minor page faults per turn (at small N the CPU column is mostly the ticker and idle wake-ups
+spread over few turns), peak RSS and the event-loop thread's share of a core. The first two
+rows ("cold 1", "cold 2") are waves at the largest size: a process's first batches, which grow
+the heap to its peak (page faults) and fill the caches; the rows after them are warm.
 
     uv run python bench/loop.py [--cores 1] [--latency 1.0] [--turns 4] [--sizes 1,4,16,64,256]
                                 [--mode both|wave|sustained] [--window 12] [--pool ranked|fifo]
@@ -251,8 +254,9 @@ async def bench(
         f"{'loop CPU':>10}"
     )
     try:
-        probe, episodes = await runner.wave(max(sizes))
-        print(runner.row("cold wave", max(sizes), probe, episodes), flush=True)
+        for label in ("cold 1", "cold 2"):
+            probe, episodes = await runner.wave(max(sizes))
+            print(runner.row(label, max(sizes), probe, episodes), flush=True)
         for mode in modes:
             for n in sizes:
                 if mode == "wave":
