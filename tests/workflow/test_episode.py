@@ -45,6 +45,18 @@ async def _first_task(gym: Any) -> Any:
     return (await gym.list_tasks())[0]
 
 
+async def _episode(gym: Any, task: Any, engine: Any, kit: Any) -> Any:
+    """One episode of ``task`` with no observer."""
+    return await run_episode(
+        gym=gym,
+        task=task,
+        engine=engine,
+        kit=kit,
+        context=EpisodeContext(task=task),
+        observer=NullObserver(),
+    )
+
+
 async def test_answer_ends_episode_and_everything_is_recorded(
     processor, scripted_engine_factory, faulty_gym_factory
 ) -> None:
@@ -84,14 +96,7 @@ async def test_parse_errors_are_fed_back_then_end_the_episode(
     gym = faulty_gym_factory()
     engine = scripted_engine_factory(kit.dialect, lambda turn: "I will not use a tool.")
     task = await _first_task(gym)
-    run = await run_episode(
-        gym=gym,
-        task=task,
-        engine=engine,
-        kit=kit,
-        context=EpisodeContext(task=task),
-        observer=NullObserver(),
-    )
+    run = await _episode(gym, task, engine, kit)
     record = run.record
     assert record.outcome == "completed"
     assert record.end_reason == "parse_errors" and len(record.turns) == 3
@@ -110,14 +115,7 @@ async def test_max_turns_and_time_limit_are_agent_failures(
     task = await _first_task(gym)
     kit = make_kit(AgentConfig(max_turns=2), processor)
     engine = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.2, y=0.3))
-    run = await run_episode(
-        gym=gym,
-        task=task,
-        engine=engine,
-        kit=kit,
-        context=EpisodeContext(task=task),
-        observer=NullObserver(),
-    )
+    run = await _episode(gym, task, engine, kit)
     assert (run.record.outcome, run.record.end_reason, len(run.record.turns)) == (
         "completed",
         "max_turns",
@@ -125,14 +123,7 @@ async def test_max_turns_and_time_limit_are_agent_failures(
     )
     kit = make_kit(AgentConfig(max_turns=50, episode_timeout_s=0.3), processor)
     slow = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.2, y=0.3), latency=0.2)
-    run = await run_episode(
-        gym=gym,
-        task=task,
-        engine=slow,
-        kit=kit,
-        context=EpisodeContext(task=task),
-        observer=NullObserver(),
-    )
+    run = await _episode(gym, task, slow, kit)
     assert run.record.outcome == "completed" and run.record.end_reason == "time_limit"
     assert run.record.evaluation is not None
     assert gym.started == gym.closed == 2
@@ -241,14 +232,7 @@ async def test_episode_work_is_ranked_by_turn_and_start_time(
     gym.check = recording
     engine = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.5, y=0.5))
     task = await _first_task(gym)
-    run = await run_episode(
-        gym=gym,
-        task=task,
-        engine=engine,
-        kit=kit,
-        context=EpisodeContext(task=task),
-        observer=NullObserver(),
-    )
+    run = await _episode(gym, task, engine, kit)
     assert run.record.end_reason == "max_turns"
     assert WORK_RANK.get() is None
     assert len({rank[1] for _, rank in seen}) == 1  # one start time
