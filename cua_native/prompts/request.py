@@ -192,7 +192,7 @@ def expand_prompt(
         )
     image_processor = processor.image_processor
     features = [image_features(image_processor, im, kernel=kernel) for im in images]
-    merge = int(image_processor.merge_size)
+    merge = merge_size(processor)
     pad_id = _image_token_id(processor)
     ids = tokenized.ids
     input_ids: list[int] = []
