@@ -54,7 +54,7 @@ from cua_native.engine import InProcessEngine, InProcessEngineConfig
 from cua_native.gym.protocol import Screenshot, Task
 from cua_native.models.tiny import TinySpec, build_processor, build_tiny_qwen3_vl, build_tokenizer
 from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
-from cua_native.trajectory import VisionTokens
+from cua_native.rollout.trajectory import VisionTokens
 
 CLICK = (
     "<thinking>\nTap the Wi-Fi toggle\n</thinking>\n<tool_call>\n"
@@ -520,12 +520,12 @@ async def rollout_groups(
     engine: InProcessEngine, tokens: VisionTokens, temperature: float, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """``grpo_groups`` groups of ``group_size`` turns sampled at the trainer's temperature (as
-    the workflow does), as AReaL rows (the layout of ``cua_native.trajectory.turn_sample``).
+    the workflow does), as AReaL rows (the layout of ``cua_native.rollout.trajectory.turn_sample``).
     Rewards are synthetic (alternating 1 and 0, then group-normalised): the check is about
     the update's mechanics, not learning."""
     from areal.utils.data import concat_padded_tensors
 
-    from cua_native.trajectory import normalized_rewards
+    from cua_native.rollout.trajectory import normalized_rewards
 
     batch: list[dict[str, Any]] = []
     for group in range(args.grpo_groups):

@@ -43,17 +43,17 @@ from areal.api.io_struct import ModelRequest, ModelResponse
 from cua_native.actions.dialects import get_dialect
 from cua_native.actions.models import Click
 from cua_native.config import load_config
-from cua_native.defaults import load_processor, make_gym, make_kit, tiny_model_dir
 from cua_native.gym.protocol import Task
 from cua_native.gym.sim.gym import parse_size
-from cua_native.runtime import (
+from cua_native.rollout.config import AgentConfig
+from cua_native.rollout.factories import load_processor, make_gym, make_kit, tiny_model_dir
+from cua_native.rollout.runtime import (
     available_cores,
     freeze_startup_heap,
     install_cpu_pool,
     tune_for_rollouts,
 )
-from cua_native.workflow import CUAAgentWorkflow
-from cua_native.workflow_config import AgentConfig
+from cua_native.rollout.workflow import CUAAgentWorkflow
 
 
 class FixedLatencyEngine:
@@ -153,7 +153,7 @@ class Bench:
             )
             for size in {1, self.config.group_size}
         }
-        # Everything loaded so far lives as long as the process (see cua_native.runtime).
+        # Everything loaded so far lives as long as the process (see cua_native.rollout.runtime).
         freeze_startup_heap()
 
     def _group(self, n: int) -> int:

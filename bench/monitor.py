@@ -20,10 +20,10 @@ from PIL import Image
 from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Click, Terminate
 from cua_native.gym.protocol import Evaluation, Observation, Screenshot, StepResult, Task
-from cua_native.monitor.recorder import Recorder
-from cua_native.monitor.sinks import SqlSink
-from cua_native.monitor.store import MonitorStore
-from cua_native.records import EpisodeContext, EpisodeRecord, TurnRecord
+from cua_native.monitor.client.recorder import Recorder
+from cua_native.monitor.client.sinks import SqlSink
+from cua_native.monitor.service.store import MonitorStore
+from cua_native.rollout.records import EpisodeContext, EpisodeRecord, TurnRecord
 
 
 def turn(index: int, shot: Screenshot, after: Screenshot) -> TurnRecord:

@@ -11,7 +11,7 @@ import tempfile
 import time
 from typing import Any
 
-from cua_native.monitor.store import MonitorStore
+from cua_native.monitor.service.store import MonitorStore
 
 
 def episode_batch(index: int, turns: int) -> dict[str, Any]:

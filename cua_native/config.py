@@ -26,8 +26,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cua_native.dataset import TaskSource
-from cua_native.workflow_config import AgentConfig
+from cua_native.rollout.config import AgentConfig
+from cua_native.rollout.dataset import TaskSource
 
 
 class ConfigError(ValueError):

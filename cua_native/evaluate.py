@@ -26,12 +26,18 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from cua_native.actions.errors import ERROR_KINDS
-from cua_native.defaults import load_engine, load_processor, make_gym, make_kit, resolve_model_path
-from cua_native.episode import EpisodeRun, run_with_retry
 from cua_native.gym.protocol import Execution, Gym, Task
-from cua_native.records import EpisodeContext, EpisodeObserver, NullObserver
-from cua_native.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
-from cua_native.workflow_config import AgentConfig, GymConfig
+from cua_native.rollout.config import AgentConfig, GymConfig
+from cua_native.rollout.episode import EpisodeRun, run_with_retry
+from cua_native.rollout.factories import (
+    load_engine,
+    load_processor,
+    make_gym,
+    make_kit,
+    resolve_model_path,
+)
+from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
 
 
 class UsageError(ValueError):
@@ -313,7 +319,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         engine = await load_engine(model_path, seed=args.seed or 0)
         freeze_startup_heap()
         if args.monitor or args.db:
-            from cua_native.monitor.recorder import recorder_from_config
+            from cua_native.monitor.client.recorder import recorder_from_config
 
             token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
             recorder = await asyncio.to_thread(

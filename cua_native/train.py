@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch._dynamo
 
         torch._dynamo.config.disable = True
-    from cua_native.runtime import tune_for_rollouts, with_cpu_pool
+    from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
     from cua_native.training.embedded import EmbeddedTrainer
     from cua_native.training.report import print_report
 

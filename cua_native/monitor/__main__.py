@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cua_native.monitor.store import MonitorStore
+from cua_native.monitor.service.store import MonitorStore
 
 LOG = logging.getLogger("cua_native.monitor")
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         import uvicorn
 
-        from cua_native.monitor.dashboard.app import create_app
+        from cua_native.monitor.service.dashboard.app import create_app
 
         if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
             LOG.warning(

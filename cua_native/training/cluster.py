@@ -6,7 +6,7 @@ so it is tested on CPU; ``run_cluster`` hands the plan to ``PPOTrainer``, which 
 scheduler (local, Ray or Slurm), the inference servers and the FSDP/Megatron actor.
 
 Rollout workers build their own recorder from the environment (``CUA_MONITOR_*``, see
-``cua_native.monitor.worker``), since live objects do not cross process boundaries.
+``cua_native.monitor.client.worker``), since live objects do not cross process boundaries.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from cua_native.config import ConfigError, LoadedConfig
 
-WORKFLOW_PATH = "cua_native.workflow.CUAAgentWorkflow"
-WORKER_OBSERVER = "cua_native.monitor.worker.observer_from_env"
+WORKFLOW_PATH = "cua_native.rollout.workflow.CUAAgentWorkflow"
+WORKER_OBSERVER = "cua_native.monitor.client.worker.observer_from_env"
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ def _check(loaded: LoadedConfig) -> None:
 
 
 async def _rows(loaded: LoadedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from cua_native.dataset import load_tasks, task_row
-    from cua_native.defaults import make_gym
+    from cua_native.rollout.dataset import load_tasks, task_row
+    from cua_native.rollout.factories import make_gym
 
     cua = loaded.cua
     gym = make_gym(cua.agent.gym)
@@ -69,7 +69,7 @@ def worker_env(loaded: LoadedConfig) -> dict[str, str]:
     """What rollout workers need to record episodes, and the allocator settings of
     ``runtime.tune_allocator`` (glibc reads them at process start), inherited through the
     scheduler. Settings already in the environment win."""
-    from cua_native.runtime import ALLOCATOR_ENV
+    from cua_native.rollout.runtime import ALLOCATOR_ENV
 
     cua = loaded.cua
     env = {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}
@@ -88,7 +88,7 @@ def worker_env(loaded: LoadedConfig) -> dict[str, str]:
 def plan_cluster_run(loaded: LoadedConfig) -> ClusterPlan:
     from areal.api.cli_args import vLLMConfig
 
-    from cua_native.workflow import workflow_kwargs
+    from cua_native.rollout.workflow import workflow_kwargs
 
     _check(loaded)
     agent = loaded.cua.agent.model_copy(update={"model_path": loaded.areal.actor.path})

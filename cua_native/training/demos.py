@@ -26,11 +26,11 @@ from areal.api.cli_args import GenerationHyperparameters
 
 from cua_native.actions import models as m
 from cua_native.actions.dialects import Dialect
-from cua_native.dataset import TaskSource, select_tasks
-from cua_native.episode import close_execution, feedback_for
 from cua_native.gym.protocol import Execution, Gym, Observation, Task
 from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
-from cua_native.trajectory import VisionTokens
+from cua_native.rollout.dataset import TaskSource, select_tasks
+from cua_native.rollout.episode import close_execution, feedback_for
+from cua_native.rollout.trajectory import VisionTokens
 
 logger = logging.getLogger(__name__)
 

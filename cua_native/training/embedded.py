@@ -25,8 +25,8 @@ from typing import Any
 
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
-from cua_native.records import EpisodeObserver, EpisodeTally, FanoutObserver
-from cua_native.runtime import freeze_startup_heap
+from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
+from cua_native.rollout.runtime import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class EmbeddedTrainer:
 
     # ------------------------------------------------------------------ set-up
     def _prepare_model(self, report: TrainReport) -> Path:
-        from cua_native.defaults import resolve_model_path
+        from cua_native.rollout.factories import resolve_model_path
 
         cua = self.loaded.cua
         cache = self.run_dir.parent / ".cache"
@@ -126,7 +126,7 @@ class EmbeddedTrainer:
         return target
 
     async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
-        from cua_native.dataset import load_tasks
+        from cua_native.rollout.dataset import load_tasks
 
         cua = self.loaded.cua
         train = await load_tasks(cua.tasks, gym)
@@ -141,12 +141,12 @@ class EmbeddedTrainer:
         from areal.trainer.ppo.actor import PPOActor
         from transformers import AutoModelForImageTextToText
 
-        from cua_native.dataset import task_row
-        from cua_native.defaults import load_processor, make_gym
         from cua_native.engine import InProcessEngine
-        from cua_native.monitor.recorder import recorder_from_config
+        from cua_native.monitor.client.recorder import recorder_from_config
+        from cua_native.rollout.dataset import task_row
+        from cua_native.rollout.factories import load_processor, make_gym
+        from cua_native.rollout.workflow import CUAAgentWorkflow
         from cua_native.training.local_engine import LocalTrainEngine
-        from cua_native.workflow import CUAAgentWorkflow
 
         areal, cua = self.loaded.areal, self.loaded.cua
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import torch
 
 from cua_native.actions.dialects import Dialect
 from cua_native.config import WarmStart
-from cua_native.dataset import TaskSource
+from cua_native.rollout.dataset import TaskSource
 from cua_native.training.demos import (
     Demo,
     DemoSource,
@@ -262,8 +262,8 @@ async def score_first_steps(
     from areal.api.cli_args import GenerationHyperparameters
     from areal.api.io_struct import ModelRequest
 
-    from cua_native.defaults import stop_token_ids
-    from cua_native.episode import decode_output
+    from cua_native.rollout.episode import decode_output
+    from cua_native.rollout.factories import stop_token_ids
 
     stops = stop_token_ids(tokenizer)
     gconfig = GenerationHyperparameters(

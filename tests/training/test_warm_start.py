@@ -13,8 +13,8 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from cua_native.actions import models as m
 from cua_native.config import WarmStart
-from cua_native.dataset import TaskSource
 from cua_native.prompts import default_prompt_config, dialect_for
+from cua_native.rollout.dataset import TaskSource
 from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action
 from cua_native.training.warm_start import (
     WARM_START_MARKER,

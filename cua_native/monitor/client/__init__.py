@@ -1,0 +1,1 @@
+"""The monitor client that runs inside training: events, recorder, spill, sinks, worker."""

@@ -1,0 +1,1 @@
+"""The monitor service: ingest into the schema store, migrations, dashboard."""

@@ -1,0 +1,544 @@
+"""The monitor's SQL store: applies ingest batches (``ingest.py``) to SQLite or PostgreSQL.
+
+One writer: ``ingest`` holds a lock and applies a whole batch in one transaction (all or nothing).
+``aingest`` runs it on the store's own single worker thread, so the event loop never blocks.
+Status changes write ``status_history`` rows; progress fields are recomputed from the rows after
+each batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import create_engine, event, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from cua_native.monitor.ingest import (
+    ARRAY_KINDS,
+    IngestBatch,
+    IngestError,
+    TrainingIn,
+    parse_batch,
+)
+from cua_native.monitor.screenshots import ScreenshotError, ScreenshotStore, is_data_uri
+from cua_native.monitor.service.migrations.runner import upgrade_to_head
+from cua_native.monitor.service.schema import (
+    Action,
+    Base,
+    Baseline,
+    Environment,
+    Eval,
+    Obs,
+    Rollout,
+    StatusHistory,
+    Step,
+    Task,
+    Training,
+    Turn,
+    Validation,
+    Validator,
+)
+
+TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+SQLITE_FILE = "monitor.db"
+JSON_FIELDS = frozenset(
+    {
+        "config_json",
+        "metrics_json",
+        "summary_json",
+        "details_json",
+        "model_input_json",
+        "tags",
+        "prerequisites",
+        "errors",
+        "tool_args",
+        "tokens",
+        "logprobs",
+        "rollout_progress",
+        "training_progress",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    model: type[Base]
+    entity: str
+    foreign_keys: dict[str, tuple[str, type[Base]]] = field(default_factory=dict)
+    """column → (client-id key in the record, parent model)."""
+    natural_key: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    """NOT NULL columns without default: needed when the record creates the row."""
+    has_status: bool = False
+
+
+_TRAINING_FK = {"training_id": ("training_client_id", Training)}
+KINDS: dict[str, _Kind] = {
+    "tasks": _Kind(Task, "task", {}, ("task_id",), ("task_id", "name", "description")),
+    "validators": _Kind(
+        Validator,
+        "validator",
+        {"task_id": ("task_client_id", Task)},
+        (),
+        ("task_id", "validator_type"),
+    ),
+    "baselines": _Kind(Baseline, "baseline", _TRAINING_FK, (), ("training_id", "model_path"), True),
+    "evals": _Kind(
+        Eval,
+        "eval",
+        _TRAINING_FK,
+        ("training_id", "step"),
+        ("training_id", "step", "model_path"),
+        True,
+    ),
+    "steps": _Kind(
+        Step, "step", _TRAINING_FK, ("training_id", "step"), ("training_id", "step"), True
+    ),
+    "rollouts": _Kind(
+        Rollout,
+        "rollout",
+        {
+            "step_id": ("step_client_id", Step),
+            "eval_id": ("eval_client_id", Eval),
+            "baseline_id": ("baseline_client_id", Baseline),
+            "task_id": ("task_client_id", Task),
+        },
+        ("rollout_id",),
+        ("source_type", "rollout_id", "task_id", "model_path"),
+        True,
+    ),
+    "environments": _Kind(
+        Environment,
+        "environment",
+        {"rollout_id": ("rollout_client_id", Rollout)},
+        (),
+        ("rollout_id", "env_type"),
+        True,
+    ),
+    "turns": _Kind(
+        Turn,
+        "turn",
+        {"rollout_id": ("rollout_client_id", Rollout)},
+        ("rollout_id", "turn"),
+        ("rollout_id", "turn"),
+    ),
+    "actions": _Kind(Action, "action", {"turn_id": ("turn_client_id", Turn)}, (), ("turn_id",)),
+    "observations": _Kind(Obs, "obs", {"turn_id": ("turn_client_id", Turn)}, (), ("turn_id",)),
+    "validations": _Kind(
+        Validation,
+        "validation",
+        {
+            "rollout_id": ("rollout_client_id", Rollout),
+            "validator_id": ("validator_client_id", Validator),
+        },
+        (),
+        ("rollout_id", "success"),
+    ),
+}
+SOURCE_COLUMNS = {"step": "step_id", "eval": "eval_id", "baseline": "baseline_id"}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def default_sqlite_url(run_dir: Path | str) -> str:
+    return f"sqlite:///{Path(run_dir).resolve() / SQLITE_FILE}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, foreign keys and a busy timeout on each connection."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+
+
+def _to_column(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in JSON_FIELDS:
+        return value if isinstance(value, str) else json.dumps(value)
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+class MonitorStore:
+    """The SQL side of the ingest contract plus read access for the dashboard."""
+
+    def __init__(self, engine: Engine, run_dir: Path | str) -> None:
+        self.engine = engine
+        self.run_dir = Path(run_dir).resolve()
+        self.screenshots = ScreenshotStore(self.run_dir)
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._write_lock = threading.Lock()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitor-store")
+
+    @classmethod
+    def open(cls, url: str | None = None, *, run_dir: Path | str) -> MonitorStore:
+        """Open (and migrate to head) the store at ``url``; default: SQLite in ``run_dir``."""
+        run_path = Path(run_dir)
+        run_path.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(url or default_sqlite_url(run_path))
+        try:
+            upgrade_to_head(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, run_path)
+
+    @classmethod
+    async def aopen(cls, url: str | None = None, *, run_dir: Path | str) -> MonitorStore:
+        return await asyncio.to_thread(cls.open, url, run_dir=run_dir)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A read session (the dashboard's queries)."""
+        with self._sessions() as session:
+            yield session
+
+    def ingest(self, batch: dict[str, Any] | IngestBatch) -> dict[str, Any]:
+        """Apply one batch; answer ``{training_id?, kind: [{client_id, id}]}``.
+
+        Raises ``IngestError`` (nothing written) on any invalid record."""
+        try:
+            parsed = batch if isinstance(batch, IngestBatch) else parse_batch(batch)
+        except ValidationError as exc:
+            raise IngestError(f"invalid batch: {exc}") from exc
+        with self._write_lock, self._sessions() as session:
+            try:
+                with session.begin():
+                    return _BatchWriter(session, self.screenshots).apply(parsed)
+            except IntegrityError as exc:
+                raise IngestError(f"batch violates a database rule: {exc.orig}") from exc
+            except ScreenshotError as exc:
+                raise IngestError(str(exc)) from exc
+
+    async def aingest(self, batch: dict[str, Any] | IngestBatch) -> dict[str, Any]:
+        """``ingest`` on the store's writer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, self.ingest, batch)
+
+
+class _BatchWriter:
+    """Applies one parsed batch inside an open transaction."""
+
+    def __init__(self, session: Session, screenshots: ScreenshotStore) -> None:
+        self.session = session
+        self.screenshots = screenshots
+        self.now = utcnow()
+        self.touched: dict[str, set[int]] = {kind: set() for kind in KINDS}
+        self.touched_trainings: set[int] = set()
+
+    def apply(self, batch: IngestBatch) -> dict[str, Any]:
+        answer: dict[str, Any] = {}
+        if batch.training is not None:
+            answer["training_id"] = self._training(batch.training)
+        for kind in ARRAY_KINDS:
+            records: list[BaseModel] = getattr(batch, kind)
+            if records:
+                answer[kind] = [
+                    {"client_id": record.client_id, "id": self._upsert(kind, record)}  # type: ignore[attr-defined]
+                    for record in records
+                ]
+        self.session.flush()
+        _Progress(self.session, self.now).refresh(self.touched, self.touched_trainings)
+        return answer
+
+    def _lookup(self, model: type[Base], client_id: str) -> Any:
+        return self.session.scalars(select(model).where(model.client_id == client_id)).first()  # type: ignore[attr-defined]
+
+    def _training(self, record: TrainingIn) -> int:
+        values = {k: _to_column(k, v) for k, v in record.given().items()}
+        training_id = values.pop("training_id", None)
+        client_id = values.pop("client_id", None)
+        row: Training | None = None
+        if training_id is not None:
+            row = self.session.get(Training, training_id)
+            if row is None:
+                raise IngestError(f"training: unknown training_id {training_id}")
+        if row is None and client_id is not None:
+            row = self._lookup(Training, client_id)
+        if row is None and values.get("run_name") is not None:
+            row = self.session.scalars(
+                select(Training).where(Training.run_name == values["run_name"])
+            ).first()
+        kind = _Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
+        row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
+        self.touched_trainings.add(row.id)
+        return row.id
+
+    def _upsert(self, kind_name: str, record: BaseModel) -> int:
+        kind = KINDS[kind_name]
+        values = record.model_dump(exclude_unset=True)
+        client_id: str = values.pop("client_id")
+        for column, (client_key, parent) in kind.foreign_keys.items():
+            if client_key in values:
+                parent_client_id = values.pop(client_key)
+                if parent_client_id is None:
+                    continue
+                parent_row = self._lookup(parent, parent_client_id)
+                if parent_row is None:
+                    raise IngestError(
+                        f"{kind_name}[{client_id}]: unknown {client_key} {parent_client_id!r}"
+                    )
+                values[column] = parent_row.id
+        values = {k: _to_column(k, v) for k, v in values.items()}
+        if kind.model is Obs and is_data_uri(values.get("screenshot_uri") or ""):
+            values["screenshot_uri"] = self.screenshots.put_data_uri(values["screenshot_uri"])
+        row = self._lookup(kind.model, client_id)
+        if (
+            row is None
+            and kind.natural_key
+            and all(values.get(k) is not None for k in kind.natural_key)
+        ):
+            conditions = [getattr(kind.model, k) == values[k] for k in kind.natural_key]
+            row = self.session.scalars(select(kind.model).where(*conditions)).first()
+        if kind.model is Rollout:
+            values = self._rollout_source(row, values, client_id)
+        row = self._write(kind, row, client_id, values, label=f"{kind_name}[{client_id}]")
+        self.touched[kind_name].add(row.id)
+        return row.id
+
+    def _rollout_source(
+        self, row: Rollout | None, values: dict[str, Any], client_id: str
+    ) -> dict[str, Any]:
+        """Infer ``source_type`` from the one parent given, when the record does not name it."""
+        if "source_type" in values:
+            return values
+        current = row.source_type if row is not None else None
+        named = [s for s, column in SOURCE_COLUMNS.items() if values.get(column) is not None]
+        if len(named) == 1 and named[0] != current:
+            values["source_type"] = named[0]
+            for source, column in SOURCE_COLUMNS.items():
+                if source != named[0]:
+                    values.setdefault(column, None)
+        elif len(named) > 1:
+            raise IngestError(f"rollouts[{client_id}]: more than one of step/eval/baseline given")
+        return values
+
+    def _write(
+        self, kind: _Kind, row: Any, client_id: str | None, values: dict[str, Any], label: str
+    ) -> Any:
+        model = kind.model
+        has_updated = hasattr(model, "updated_at")
+        if row is None:
+            missing = [c for c in kind.required if values.get(c) is None]
+            if missing:
+                raise IngestError(f"{label}: a new record needs {', '.join(missing)}")
+            if kind.has_status:
+                values.setdefault("status", "pending")
+                if hasattr(model, "progress_percent"):
+                    values.setdefault("progress_percent", 0.0)
+            row = model(**values)
+            if client_id is not None:
+                row.client_id = client_id
+            row.created_at = self.now
+            if has_updated:
+                row.updated_at = self.now
+            self.session.add(row)
+            self.session.flush()
+            if kind.has_status:
+                self._history(kind.entity, row, None)
+            return row
+        old_status = row.status if kind.has_status else None
+        for column, value in values.items():
+            setattr(row, column, value)
+        if client_id is not None and row.client_id is None:
+            row.client_id = client_id
+        if has_updated:
+            row.updated_at = self.now
+        self.session.flush()
+        if kind.has_status and "status" in values and values["status"] != old_status:
+            self._history(kind.entity, row, old_status)
+        return row
+
+    def _history(self, entity: str, row: Any, old_status: str | None) -> None:
+        if row.status is None:
+            return
+        self.session.add(
+            StatusHistory(
+                entity_type=entity,
+                entity_id=row.id,
+                old_status=old_status,
+                new_status=row.status,
+                progress_percent=getattr(row, "progress_percent", None),
+                status_message=row.status_message,
+                changed_at=self.now,
+                created_at=self.now,
+            )
+        )
+
+
+class _Progress:
+    """Recomputes the progress fields of everything a batch touched, bottom-up."""
+
+    def __init__(self, session: Session, now: datetime) -> None:
+        self.session = session
+        self.now = now
+
+    def refresh(self, touched: dict[str, set[int]], trainings: set[int]) -> None:
+        rollout_ids = set(touched["rollouts"])
+        for ids, model in ((touched["turns"], Turn), (touched["environments"], Environment)):
+            if ids:
+                rollout_ids |= set(
+                    self.session.scalars(select(model.rollout_id).where(model.id.in_(ids)))
+                )
+        steps, evals, baselines = (
+            set(touched["steps"]),
+            set(touched["evals"]),
+            set(touched["baselines"]),
+        )
+        for rollout in self._rows(Rollout, rollout_ids):
+            self._rollout(rollout)
+            if rollout.step_id is not None:
+                steps.add(rollout.step_id)
+            if rollout.eval_id is not None:
+                evals.add(rollout.eval_id)
+            if rollout.baseline_id is not None:
+                baselines.add(rollout.baseline_id)
+        trainings = set(trainings)
+        for step in self._rows(Step, steps):
+            self._step(step)
+            trainings.add(step.training_id)
+        for model, ids in ((Eval, evals), (Baseline, baselines)):
+            for row in self._rows(model, ids):
+                self._eval_like(row, model)
+        for training in self._rows(Training, trainings):
+            self._training(training)
+        self.session.flush()
+
+    def _rows(self, model: type[Base], ids: set[int]) -> list[Any]:
+        if not ids:
+            return []
+        return list(self.session.scalars(select(model).where(model.id.in_(ids))))  # type: ignore[attr-defined]
+
+    def _rollout(self, rollout: Rollout) -> None:
+        turns = self.session.execute(
+            select(func.max(Turn.turn), func.count(Turn.id)).where(Turn.rollout_id == rollout.id)
+        ).one()
+        last_turn, count = turns
+        if last_turn is not None and (
+            rollout.current_turn is None or rollout.current_turn < last_turn
+        ):
+            rollout.current_turn = last_turn
+        if rollout.status in TERMINAL_ROLLOUT:
+            rollout.progress_percent = 100.0
+            if rollout.num_turns is None:
+                rollout.num_turns = count
+        elif rollout.max_turns and rollout.current_turn:
+            rollout.progress_percent = min(100.0, 100.0 * rollout.current_turn / rollout.max_turns)
+
+    def _rollouts_of(self, column: Any, parent_id: int) -> list[Rollout]:
+        return list(self.session.scalars(select(Rollout).where(column == parent_id)))
+
+    def _step(self, step: Step) -> None:
+        rollouts = self._rollouts_of(Rollout.step_id, step.id)
+        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
+        groups: dict[Any, list[Rollout]] = {}
+        for rollout in rollouts:
+            groups.setdefault(rollout.group_id or rollout.group, []).append(rollout)
+        given = _json_dict(step.rollout_progress)
+        total_envs = max(int(given.get("total_envs") or 0), len(rollouts))
+        total_groups = max(int(given.get("total_groups") or 0), len(groups))
+        completed_groups = sum(
+            all(r.status in TERMINAL_ROLLOUT for r in members) for members in groups.values()
+        )
+        step.rollout_progress = json.dumps(
+            {
+                "completed_groups": completed_groups,
+                "total_groups": total_groups,
+                "completed_envs": len(done),
+                "total_envs": total_envs,
+            }
+        )
+        rewards = [r.reward for r in done if r.reward is not None]
+        if rewards:
+            step.reward_mean = statistics.fmean(rewards)
+            step.reward_std = statistics.pstdev(rewards)
+            step.num_trajectories = len(done)
+        if step.status == "completed":
+            step.progress_percent = 100.0
+            return
+        training = _json_dict(step.training_progress)
+        rollout_part = len(done) / total_envs if total_envs else 0.0
+        substeps = int(training.get("total_substeps") or 0)
+        training_part = int(training.get("completed_substeps") or 0) / substeps if substeps else 0.0
+        step.progress_percent = round(80.0 * rollout_part + 20.0 * min(training_part, 1.0), 3)
+
+    def _eval_like(self, row: Eval | Baseline, model: type[Eval] | type[Baseline]) -> None:
+        parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
+        rollouts = self._rollouts_of(parent_column, row.id)
+        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
+        row.completed_tasks = len(done)
+        row.total_tasks = max(row.total_tasks or 0, len(rollouts))
+        if done:
+            successes = sum(bool(r.task_success) for r in done)
+            row.successful_tasks = successes
+            row.success_rate = successes / len(done)
+            rewards = [r.reward for r in done if r.reward is not None]
+            row.avg_reward = statistics.fmean(rewards) if rewards else None
+            turns = [r.num_turns for r in done if r.num_turns is not None]
+            row.avg_turns = statistics.fmean(turns) if turns else None
+        if row.status == "completed":
+            row.progress_percent = 100.0
+        elif row.total_tasks:
+            row.progress_percent = 100.0 * row.completed_tasks / row.total_tasks
+
+    def _training(self, training: Training) -> None:
+        last_step, completed = self.session.execute(
+            select(
+                func.max(Step.step),
+                func.count(Step.id).filter(Step.status == "completed"),
+            ).where(Step.training_id == training.id)
+        ).one()
+        if last_step is not None and (
+            training.current_step is None or training.current_step < last_step
+        ):
+            training.current_step = last_step
+        if training.status == "completed":
+            training.progress_percent = 100.0
+        elif training.total_steps:
+            training.progress_percent = min(100.0, 100.0 * completed / training.total_steps)
+
+
+def _json_dict(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+__all__ = ["IngestError", "MonitorStore", "default_sqlite_url", "make_engine"]

@@ -1,0 +1,1 @@
+"""The rollout: tasks to training rows (episode, agent, records, trajectory, workflow)."""

@@ -1,0 +1,130 @@
+"""The embedded default and the factories behind it: the tiny Qwen3-VL (built once, cached),
+the gym named by a ``GymConfig``, and the per-turn kit (prompt builder, dialect, gconfig)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from cua_native.actions.dialects import get_dialect
+from cua_native.gym.protocol import Gym
+from cua_native.rollout.config import AgentConfig, GymConfig
+from cua_native.rollout.episode import Turnkit
+
+DEFAULT_CACHE_DIR = Path("runs/.cache")
+TINY_MODEL_DIRNAME = "tiny-qwen3-vl"
+_READY_MARKER = "cua_native_tiny.json"
+
+
+def tiny_model_dir(cache_dir: str | Path | None = None) -> Path:
+    """Build the tiny Qwen3-VL under ``cache_dir`` unless a complete copy is already there.
+
+    The build goes to a temporary sibling and is renamed into place, so a crash or a concurrent
+    builder never leaves a half-written model behind.
+    """
+    root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    target = root / TINY_MODEL_DIRNAME
+    if (target / _READY_MARKER).is_file():
+        return target
+    from cua_native.models.tiny import build_tiny_qwen3_vl
+
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = root / f".{TINY_MODEL_DIRNAME}.{os.getpid()}"
+    build_tiny_qwen3_vl(scratch)
+    try:
+        scratch.rename(target)
+    except OSError:
+        if not (target / _READY_MARKER).is_file():
+            raise
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(path: str | None, cache_dir: str | Path | None = None) -> Path:
+    """``path`` if given (must exist), else the cached tiny model."""
+    if path is None:
+        return tiny_model_dir(cache_dir)
+    resolved = Path(path)
+    if not (resolved / "config.json").is_file():
+        raise ValueError(f"model path {path!r} is not a model directory (no config.json)")
+    return resolved
+
+
+def make_gym(config: GymConfig) -> Gym:
+    """The gym a ``GymConfig`` names: the embedded simulator or a gym server over HTTP."""
+    if config.kind == "sim":
+        from cua_native.gym.sim import SimGym
+
+        return SimGym(seed=config.seed, **config.options)
+    if not config.base_url:
+        raise ValueError("gym.kind 'http' needs gym.base_url")
+    from cua_native.gym.http import HttpGym
+
+    return HttpGym(config.base_url, config.gym_id, **config.options)
+
+
+def load_processor(model_path: str | Path) -> Any:
+    """The model's HF processor (blocking: call it in a thread)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model_path))
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """End-of-turn ids: EOS and ``<|im_end|>`` (Qwen chat models end a turn with it)."""
+    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if im_end is not None and im_end != getattr(tokenizer, "unk_token_id", None):
+        ids.add(im_end)
+    return sorted(int(i) for i in ids if i is not None)
+
+
+def make_kit(
+    config: AgentConfig,
+    processor: Any,
+    *,
+    executor: Any = None,
+    http: Any = None,
+    allowed_media_domains: tuple[str, ...] = (),
+) -> Turnkit:
+    """Prompt builder, dialect and sampling settings for ``config.family``. The dialect is the
+    one the prompt teaches (same coordinate grid) unless ``config.dialect`` overrides it."""
+    from cua_native.prompts import PromptBuilder, default_prompt_config, dialect_for
+
+    tokenizer = processor.tokenizer
+    prompt_config = default_prompt_config(config.family, **config.prompt)
+    dialect = (
+        get_dialect(config.family, **config.dialect)
+        if config.dialect
+        else dialect_for(prompt_config)
+    )
+    builder = PromptBuilder(
+        prompt_config,
+        processor,
+        executor=executor,
+        http=http,
+        allowed_media_domains=allowed_media_domains,
+        dialect=dialect,
+        encode_images=config.encode_images,
+    )
+    return Turnkit(
+        builder=builder,
+        dialect=dialect,
+        tokenizer=tokenizer,
+        gconfig=config.sampling.to_gconfig(stop_token_ids(tokenizer)),
+        config=config,
+    )
+
+
+async def load_engine(model_path: str | Path, seed: int = 0) -> Any:
+    """The in-process transformers engine on CPU (loaded in a thread)."""
+    from cua_native.engine import InProcessEngine
+
+    return await asyncio.to_thread(
+        functools.partial(InProcessEngine.from_pretrained, str(model_path), device="cpu", seed=seed)
+    )

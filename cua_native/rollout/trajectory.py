@@ -1,0 +1,153 @@
+"""Episodes → AReaL training tensors, with per-episode reward normalisation.
+
+Format (chosen for AReaL 1.0.4). One training row per TURN, in the tensor-dict form that
+``VisionRLVRWorkflow`` returns and that ``concat_padded_tensors`` / ``concat_batch`` /
+``FSDPEngine._prepare_mb_list`` consume: ``input_ids`` (prompt ids the engine consumed + output
+ids), ``loss_mask`` (0 prompt, 1 output), ``logprobs`` (0 prompt, engine logprobs),
+``versions`` (-1 prompt, engine versions), ``attention_mask``, ``mm_token_type_ids`` (1 on image
+pads, 2 on video pads: the Qwen-VL position-id path requires it), ``rewards`` ([1] per row) and
+``multi_modal_input`` (one ``{pixel_values, image_grid_thw}`` dict per row, all images of that
+turn's prompt). The interaction form (``InteractionWithTokenLogpReward``) is not used: its
+``to_tensor_dict`` carries no pixel tensors, so multi-image VLM turns cannot be trained from it.
+A group's rows are concatenated into one padded dict (``[rows, max_len]``), as
+``GroupedRolloutWorkflow`` does.
+
+Rewards. AReaL's ``reward_norm`` with ``mean_level="group"`` slices the batch into fixed runs of
+``group_size`` ROWS; with one row per turn and a different number of turns per episode those
+slices cut across episodes. So normalisation happens here, per EPISODE: every episode of a group
+gets ``A = (R - mean(R)) / (std(R) + eps)`` (unbiased std, AReaL's default), then turn ``t`` of
+``T`` gets ``gamma ** (T - 1 - t) * A``. Train with ``actor.reward_norm: null`` (token-level
+``adv_norm`` is unaffected). ``group_reward_norm=False`` keeps the raw discounted ``R``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from areal.utils.data import concat_padded_tensors
+
+from cua_native.prompts.pixels import PromptPixels
+from cua_native.rollout.episode import EpisodeRun
+from cua_native.rollout.records import TurnRecord
+
+
+@dataclass(frozen=True, slots=True)
+class VisionTokens:
+    """Ids of the placeholder tokens that ``mm_token_type_ids`` marks."""
+
+    image_pad: int
+    video_pad: int | None = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> VisionTokens:
+        image = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        video = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if image is None or image == unk:
+            raise ValueError("the tokenizer has no <|image_pad|> token: not a Qwen-VL model")
+        return cls(image_pad=int(image), video_pad=None if video in (None, unk) else int(video))
+
+
+def normalized_rewards(rewards: Sequence[float], eps: float) -> list[float]:
+    """Group-relative episode rewards: mean 0, unbiased std 1 (one episode gives 0)."""
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    if n == 1:
+        return [0.0]
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def discounted(value: float, turns: int, gamma: float) -> list[float]:
+    """Turn ``t`` of ``turns`` gets ``gamma ** (turns - 1 - t) * value``."""
+    return [gamma ** (turns - 1 - t) * value for t in range(turns)]
+
+
+def attribute_rewards(
+    runs: Sequence[EpisodeRun], *, gamma: float, normalize: bool, eps: float
+) -> list[list[float]]:
+    """Per-turn rewards of each episode; also written to ``TurnRecord.reward``."""
+    episode_rewards = [run.record.reward for run in runs]
+    values = normalized_rewards(episode_rewards, eps) if normalize else episode_rewards
+    attributed: list[list[float]] = []
+    for run, value in zip(runs, values, strict=True):
+        per_turn = discounted(value, len(run.record.turns), gamma)
+        for turn, reward in zip(run.record.turns, per_turn, strict=True):
+            turn.reward = reward
+        attributed.append(per_turn)
+    return attributed
+
+
+def turn_sample(
+    turn: TurnRecord,
+    multi_modal_input: dict[str, Any] | PromptPixels,
+    reward: float,
+    tokens: VisionTokens,
+) -> dict[str, Any]:
+    """One turn as an AReaL row (batch dimension 1)."""
+    if isinstance(multi_modal_input, PromptPixels):
+        multi_modal_input = multi_modal_input.tensors()
+    if not turn.output_ids:
+        raise ValueError(f"turn {turn.index} has no output tokens")
+    prompt = np.asarray(turn.prompt_ids, dtype=np.int64)
+    n_prompt = len(prompt)
+    seq = np.concatenate([prompt, np.asarray(turn.output_ids, dtype=np.int64)])
+    mm_types = np.zeros(len(seq), dtype=np.int64)
+    mm_types[:n_prompt] = prompt == tokens.image_pad
+    if tokens.video_pad is not None:
+        mm_types[:n_prompt][prompt == tokens.video_pad] = 2
+    loss_mask = np.zeros(len(seq), dtype=np.int32)
+    loss_mask[n_prompt:] = 1
+    logprobs = np.zeros(len(seq), dtype=np.float32)
+    logprobs[n_prompt:] = turn.output_logprobs
+    versions = np.full(len(seq), -1, dtype=np.int32)
+    versions[n_prompt:] = turn.output_versions
+    sample: dict[str, Any] = {
+        "input_ids": _row(seq),
+        "mm_token_type_ids": _row(mm_types),
+        "loss_mask": _row(loss_mask),
+        "logprobs": _row(logprobs),
+        "versions": _row(versions),
+        "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
+        "rewards": torch.tensor([reward], dtype=torch.float32),
+    }
+    mm = {k: v for k, v in multi_modal_input.items() if k in _MM_KEYS}
+    if "pixel_values" not in mm:
+        raise ValueError(f"turn {turn.index} has no pixel_values: every prompt holds a screenshot")
+    sample["multi_modal_input"] = [mm]
+    return sample
+
+
+_MM_KEYS = ("pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos")
+
+
+def _row(values: np.ndarray) -> torch.Tensor:
+    """A ``(1, L)`` tensor sharing the array's memory."""
+    return torch.from_numpy(values).reshape(1, -1)
+
+
+def group_samples(
+    runs: Sequence[EpisodeRun],
+    tokens: VisionTokens,
+    *,
+    gamma: float,
+    normalize: bool,
+    eps: float,
+) -> dict[str, Any] | None:
+    """All turns of a group's completed episodes as one padded AReaL tensor dict."""
+    attributed = attribute_rewards(runs, gamma=gamma, normalize=normalize, eps=eps)
+    rows = [
+        turn_sample(turn, mm, reward, tokens)
+        for run, rewards in zip(runs, attributed, strict=True)
+        for turn, mm, reward in zip(run.record.turns, run.prompt_pixels, rewards, strict=True)
+    ]
+    if not rows:
+        return None
+    return concat_padded_tensors(rows)

@@ -1,0 +1,256 @@
+"""``CUAAgentWorkflow``: AReaL's ``RolloutWorkflow`` for computer-use episodes.
+
+One dataset row is one task. ``arun_episode`` runs a GROUP of ``group_size`` episodes of it
+concurrently (GRPO) and returns one training row per turn (see ``cua_native.rollout.trajectory`` for the
+format and the per-episode reward normalisation), or ``None`` to reject the group.
+
+Run it with AReaL's rollout ``group_size`` = 1 (``gconfig.n_samples`` of the rollout call = 1):
+the group lives here, so a failed episode can never shrink a group and shift AReaL's
+normalisation (the predecessor's bug). An episode that fails for infrastructure reasons is
+retried on a fresh execution; if it fails again the whole group is rejected.
+
+The workflow is built from plain, serializable kwargs (AReaL may construct it in a rollout
+worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
+are created lazily on first use, once per running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from areal import workflow_context
+from areal.api.workflow_api import RolloutWorkflow
+from areal.utils import stats_tracker
+from areal.utils.dynamic_import import import_from_string
+
+from cua_native.actions.errors import ERROR_KINDS
+from cua_native.gym.protocol import Gym, Task
+from cua_native.rollout.config import AgentConfig
+from cua_native.rollout.episode import Engine, EpisodeRun, Turnkit, run_with_retry
+from cua_native.rollout.factories import load_processor, make_gym, make_kit, resolve_model_path
+from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.trajectory import VisionTokens, group_samples
+
+logger = logging.getLogger(__name__)
+
+STAT_PREFIX = "cua"
+
+
+def task_from_row(data: dict[str, Any]) -> Task:
+    """The task of a dataset row: the full ``task`` JSON when present, else the row's fields."""
+    raw = data.get("task")
+    if isinstance(raw, str) and raw:
+        return Task.model_validate_json(raw)
+    if isinstance(raw, dict):
+        return Task.model_validate(raw)
+    if isinstance(raw, Task):
+        return raw
+    if not data.get("task_id"):
+        raise ValueError("dataset row has neither 'task' nor 'task_id'")
+    fields = {k: v for k, v in data.items() if k in Task.model_fields and v is not None}
+    return Task.model_validate(fields)
+
+
+@dataclass(slots=True)
+class _Resources:
+    loop: asyncio.AbstractEventLoop
+    gym: Gym
+    owns_gym: bool
+    kit: Turnkit
+    tokens: VisionTokens
+    observer: EpisodeObserver
+
+
+class CUAAgentWorkflow(RolloutWorkflow):
+    """Groups of computer-use episodes → per-turn AReaL training rows."""
+
+    def __init__(
+        self,
+        config: AgentConfig | dict[str, Any] | None = None,
+        *,
+        source: Literal["step", "eval", "baseline"] = "step",
+        observer_factory: str | None = None,
+        gym: Gym | None = None,
+        processor: Any = None,
+        observer: EpisodeObserver | None = None,
+    ) -> None:
+        """``config`` and ``observer_factory`` (an import path of a zero-argument callable that
+        returns an ``EpisodeObserver``) are serializable; ``gym``, ``processor`` and ``observer``
+        let in-process callers share live objects (the caller then owns and closes the gym)."""
+        self.config = (
+            config if isinstance(config, AgentConfig) else AgentConfig.model_validate(config or {})
+        )
+        self.source = source
+        self.observer_factory = observer_factory
+        self._given_gym = gym
+        self._given_processor = processor
+        self._given_observer = observer
+        self._setup: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Resources]] | None = None
+
+    async def _resources(self) -> _Resources:
+        loop = asyncio.get_running_loop()
+        if self._setup is None or self._setup[0] is not loop:
+            self._setup = (loop, loop.create_task(self._create_resources(loop)))
+        setup = self._setup[1]
+        try:
+            return await asyncio.shield(setup)
+        except Exception:
+            if self._setup is not None and self._setup[1] is setup:
+                self._setup = None  # let the next call try again
+            raise
+
+    async def _create_resources(self, loop: asyncio.AbstractEventLoop) -> _Resources:
+        processor = self._given_processor
+        if processor is None:
+            model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
+            processor = await asyncio.to_thread(load_processor, model_path)
+        kit = make_kit(self.config, processor)
+        observer = self._given_observer
+        if observer is None and self.observer_factory:
+            observer = import_from_string(self.observer_factory)()
+        gym = self._given_gym if self._given_gym is not None else make_gym(self.config.gym)
+        return _Resources(
+            loop=loop,
+            gym=gym,
+            owns_gym=self._given_gym is None,
+            kit=kit,
+            tokens=VisionTokens.from_tokenizer(kit.tokenizer),
+            observer=observer or NullObserver(),
+        )
+
+    async def aclose(self) -> None:
+        """Release the gym client this workflow created (if any) on the current loop."""
+        setup, self._setup = self._setup, None
+        if setup is None or setup[0] is not asyncio.get_running_loop() or not setup[1].done():
+            return
+        if setup[1].exception() is None and setup[1].result().owns_gym:
+            await setup[1].result().gym.aclose()
+
+    async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        resources = await self._resources()
+        task = task_from_row(data)
+        runs = await self.run_group(engine, task, resources, data)
+        tracker = stats_tracker.get(workflow_context.stat_scope())
+        if runs is None:
+            return None
+        record_group_stats(tracker, runs)
+        config = self.config
+        # Megabytes of tensors per group (each turn's row carries its prompt's pixel values):
+        # off the event loop, like the rest of the per-turn CPU work.
+        samples = await asyncio.to_thread(
+            group_samples,
+            runs,
+            resources.tokens,
+            gamma=config.turn_discount,
+            normalize=config.group_reward_norm,
+            eps=config.reward_norm_eps,
+        )
+        if samples is None:
+            tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
+        return samples
+
+    async def run_group(
+        self, engine: Engine, task: Task, resources: _Resources, data: dict[str, Any]
+    ) -> list[EpisodeRun] | None:
+        """Run the group; ``None`` if any episode failed for infrastructure reasons twice (the
+        others are cancelled at once, their executions closed)."""
+        tracker = stats_tracker.get(workflow_context.stat_scope())
+        group_id = uuid.uuid4().hex
+        version = _engine_version(engine)
+
+        def on_reject(run: EpisodeRun) -> None:
+            tracker.scalar(**{f"{STAT_PREFIX}/rejected_episodes/{run.record.reject_reason}": 1.0})
+
+        def context_factory(index: int) -> Any:
+            def make(attempt: int) -> EpisodeContext:
+                return EpisodeContext(
+                    task=task,
+                    group_id=group_id,
+                    attempt=attempt,
+                    source=self.source,
+                    step=data.get("global_step"),
+                    model_version=version,
+                    meta={"index_in_group": index},
+                )
+
+            return make
+
+        pending = {
+            asyncio.ensure_future(
+                run_with_retry(
+                    gym=resources.gym,
+                    task=task,
+                    engine=engine,
+                    kit=resources.kit,
+                    make_context=context_factory(index),
+                    observer=resources.observer,
+                    on_reject=on_reject,
+                )
+            ): index
+            for index in range(self.config.group_size)
+        }
+        finished: dict[int, EpisodeRun] = {}
+        try:
+            waiting = set(pending)
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    run = future.result()
+                    if run.rejected:
+                        reason = run.record.reject_reason or "unknown"
+                        tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/{reason}": 1.0})
+                        logger.warning(
+                            "group %s of %s rejected: %s", group_id, task.task_id, reason
+                        )
+                        return None
+                    finished[pending[future]] = run
+        finally:
+            await _cancel_all(pending)
+        return [finished[i] for i in range(self.config.group_size)]
+
+
+async def _cancel_all(futures: Sequence[asyncio.Future[Any]] | dict[Any, Any]) -> None:
+    """Cancel what still runs and wait for it (each episode closes its execution)."""
+    live = [f for f in futures if not f.done()]
+    for future in live:
+        future.cancel()
+    if live:
+        await asyncio.gather(*live, return_exceptions=True)
+
+
+def _engine_version(engine: Any) -> int:
+    get_version = getattr(engine, "get_version", None)
+    try:
+        return int(get_version()) if callable(get_version) else 0
+    except Exception:
+        return 0
+
+
+def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
+    """Per-episode figures under ``cua/``: reward, success, turns, parse errors by kind, seconds
+    per phase, token mismatches, end reasons."""
+    for run in runs:
+        record = run.record
+        errors = record.parse_errors
+        values: dict[str, float] = {
+            "reward": record.reward,
+            "success": float(record.success),
+            "turns": float(len(record.turns)),
+            "token_mismatches": float(sum(t.token_mismatch for t in record.turns)),
+            "attempts": float(record.context.attempt + 1),
+            f"end/{record.end_reason or 'unknown'}": 1.0,
+        }
+        values.update({f"parse_errors/{kind}": float(errors.get(kind, 0)) for kind in ERROR_KINDS})
+        values.update({f"time/{phase}": seconds for phase, seconds in record.timings.items()})
+        tracker.scalar(**{f"{STAT_PREFIX}/{key}": value for key, value in values.items()})
+
+
+def workflow_kwargs(config: AgentConfig, **extra: Any) -> dict[str, Any]:
+    """Serializable ``workflow_kwargs`` for AReaL (``workflow="cua_native.rollout.workflow.CUAAgentWorkflow"``)."""
+    return {"config": json.loads(config.model_dump_json()), **extra}
