@@ -43,9 +43,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> LoadedConfig:
     overrides = list(args.overrides)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"config error: override {item!r} is not of the form key=value")
     if args.model:
         overrides += [f"cua.agent.model_path={args.model}", f"actor.path={args.model}"]
     if args.run_dir:

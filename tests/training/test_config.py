@@ -105,3 +105,22 @@ def test_cli_flags_become_overrides(tmp_path: Path) -> None:
     assert loaded.cua.agent.group_size == 3
     with pytest.raises(ConfigError, match="key=value"):
         build_config(parse_args(["notanoverride"]))
+
+
+def test_an_error_names_the_file_that_set_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("cua:\n  agent:\n    max_turnz: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(config)
+    message = str(error.value)
+    assert "cua.agent.max_turnz" in message and "Did you mean 'max_turns'?" in message
+    assert f"(set in {config})" in message
+    with pytest.raises(ConfigError, match=r"\(set in the command line\)"):
+        load_config(config, ["cua.agent.max_turnz=4"])
+
+
+def test_an_explicit_null_is_kept() -> None:
+    """``monitor_db: null`` means no store (it used to fall back to the ``sqlite`` default)."""
+    assert load_config(CONFIGS[0].parent / "mai_ui_android.yaml").cua.monitor_db is None
+    assert load_config(overrides=["cua.monitor_db=null"]).cua.monitor_db_url() is None
+    assert load_config().cua.monitor_db == "sqlite"
