@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cua_native.rollout.config import AgentConfig
+from cua_native.rollout.config import SAMPLING_FIELDS, AgentConfig, SamplingConfig
 from cua_native.rollout.dataset import TaskSource
 
 
@@ -183,6 +183,38 @@ def _describe_omegaconf(error: OmegaConfBaseException, schema: Any, layers: list
     return f"config error: {key or 'top level'}: {message}{_origin(layers, key)}"
 
 
+DERIVED: dict[str, str] = {
+    "actor.temperature": "temperature",
+    **{f"{g}.{name}": name for g in ("gconfig", "eval_gconfig") for name in SAMPLING_FIELDS},
+}
+"""AReaL fields that ``cua.agent.sampling`` sets (value: the sampling field they come from).
+
+The workflow samples with ``cua.agent.sampling``; PPO's ratio compares the trainer's log-probs
+with the engine's, taken under the sampling temperature, so the trainer's temperature is that
+one (1 for ``temperature: 0``, as the engine reports greedy log-probs). AReaL's ``gconfig``
+mirrors the same settings so its logs show what ran."""
+
+
+def _reject_derived(layers: list[_Layer]) -> None:
+    """A derived field written by hand is an error naming the field to set instead."""
+    for key, source in DERIVED.items():
+        for layer in layers:
+            if layer.sets(key):
+                raise ConfigError(
+                    f"config error: {key} is derived from cua.agent.sampling.{source}; set that "
+                    f"instead (set in {layer.origin})"
+                )
+
+
+def derive_sampling(areal: CUATrainConfig, sampling: SamplingConfig) -> None:
+    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED``."""
+    areal.actor.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+    for gconfig in (areal.gconfig, areal.eval_gconfig):
+        if gconfig is not None:
+            for name in SAMPLING_FIELDS:
+                setattr(gconfig, name, getattr(sampling, name))
+
+
 def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
     """Cross-field rules between AReaL's section and ours."""
     if areal.gconfig.n_samples != 1:
@@ -196,13 +228,6 @@ def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
             "config error: actor.reward_norm must be null when cua.agent.group_reward_norm is "
             "true (rewards are normalised per episode inside the workflow; AReaL's per-sample "
             "group norm would mix turns of different episodes)"
-        )
-    sampled, trained = cua.agent.sampling.temperature, areal.actor.temperature
-    if not cua.agent.sampling.greedy and abs(sampled - trained) > 1e-9:
-        raise ConfigError(
-            f"config error: actor.temperature ({trained}) must equal "
-            f"cua.agent.sampling.temperature ({sampled}): PPO's ratio compares the trainer's "
-            "log-probs with the engine's, which are taken under the sampling temperature"
         )
     if cua.mode == "areal" and cua.agent.gym.kind == "sim":
         raise ConfigError(
@@ -276,6 +301,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     ``ConfigError`` line naming the field, what is allowed there (the nearest known key for
     a typo) and the file or command line that set it."""
     layers = _user_layers(Path(path) if path is not None else default_config_path(), overrides)
+    _reject_derived(layers)
     schema = OmegaConf.structured(CUATrainConfig)
     try:
         merged = OmegaConf.merge(schema, OmegaConf.create(BASE_LAYER), *(x.values for x in layers))
@@ -286,5 +312,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cua = CUASettings.model_validate(areal.cua)
     except ValidationError as e:
         raise ConfigError(f"config error: {_describe(e, layers)}") from None
+    derive_sampling(areal, cua.agent.sampling)
     check_consistency(areal, cua)
     return LoadedConfig(areal=areal, cua=cua)

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 Family = Literal["mai_ui", "qwen3_vl"]
 
 
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy")
+"""The ``SamplingConfig`` fields that ``GenerationHyperparameters`` carries under the same name."""
+
+
 class SamplingConfig(BaseModel):
     """Per-turn generation settings (turned into AReaL's ``GenerationHyperparameters``)."""
 
@@ -25,12 +29,8 @@ class SamplingConfig(BaseModel):
     def to_gconfig(self, stop_token_ids: list[int]) -> GenerationHyperparameters:
         return GenerationHyperparameters(
             n_samples=1,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            greedy=self.greedy,
             stop_token_ids=list(stop_token_ids),
+            **{name: getattr(self, name) for name in SAMPLING_FIELDS},
         )
 
 

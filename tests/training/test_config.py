@@ -58,7 +58,8 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("cua.agent.gym.kind=ftp", "Input should be 'sim' or 'http'"),
         ("cua.mode=areal", "needs a gym server"),
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
-        ("actor.temperature=0.9", "must equal cua.agent.sampling.temperature"),
+        ("actor.temperature=0.9", "derived from cua.agent.sampling.temperature"),
+        ("gconfig.max_new_tokens=9", "derived from cua.agent.sampling.max_new_tokens"),
     ],
 )
 def test_a_wrong_field_gives_one_error_naming_it(override: str, expected: str) -> None:
@@ -124,3 +125,17 @@ def test_an_explicit_null_is_kept() -> None:
     assert load_config(CONFIGS[0].parent / "mai_ui_android.yaml").cua.monitor_db is None
     assert load_config(overrides=["cua.monitor_db=null"]).cua.monitor_db_url() is None
     assert load_config().cua.monitor_db == "sqlite"
+
+
+@pytest.mark.parametrize(("temperature", "trained"), [(0.6, 0.6), (0.0, 1.0)])
+def test_sampling_is_the_one_place_temperatures_come_from(
+    temperature: float, trained: float
+) -> None:
+    loaded = load_config(
+        overrides=[f"cua.agent.sampling.temperature={temperature}", "cua.agent.sampling.top_k=7"]
+    )
+    assert loaded.areal.actor.temperature == trained
+    for gconfig in (loaded.areal.gconfig, loaded.areal.eval_gconfig):
+        assert gconfig is not None
+        assert (gconfig.temperature, gconfig.top_k) == (temperature, 7)
+        assert gconfig.max_new_tokens == loaded.cua.agent.sampling.max_new_tokens
