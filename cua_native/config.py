@@ -85,13 +85,17 @@ class CUASettings(BaseModel):
     baseline: bool = True
     eval_every: int = Field(0, ge=0)
     eval_episodes_per_task: int = Field(1, ge=1)
+    """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
     monitor_db: str | None = "sqlite"
     """``sqlite`` = ``<run_dir>/monitor.db``; a SQLAlchemy URL; or null for no store."""
     monitor_url: str | None = None
     monitor_token: str | None = None
     warm_start: WarmStart = Field(default_factory=WarmStart)
     device: str = "cpu"
-    checkpoint_every: int = Field(0, ge=0)
+
+    def eval_agent(self) -> AgentConfig:
+        """The agent of the baseline and evaluations: ``eval_episodes_per_task`` per group."""
+        return self.agent.model_copy(update={"group_size": self.eval_episodes_per_task})
 
     def monitor_db_url(self) -> str | None:
         if self.monitor_db is None:
@@ -156,6 +160,10 @@ def _unknown(leaf: str, allowed: list[str]) -> str:
     return f"unknown field '{leaf}'.{hint} Allowed: {', '.join(allowed)}"
 
 
+MOVED = {"cua.checkpoint_every": "saver.freq_steps (AReaL's own field, read on both paths)"}
+"""Fields that left the ``cua`` section, and where they went."""
+
+
 def _describe(error: ValidationError, layers: list[_Layer]) -> str:
     """Each pydantic error of the ``cua`` section as ``cua.a.b: what (set in FILE)``."""
     lines = []
@@ -164,6 +172,9 @@ def _describe(error: ValidationError, layers: list[_Layer]) -> str:
         if item["type"] == "extra_forbidden":
             allowed = _fields_at(CUASettings, tuple(item["loc"][:-1]))
             what = _unknown(str(item["loc"][-1]), allowed)
+            moved = MOVED.get(where)
+            if moved:
+                what = f"{what}. It moved to {moved}"
         else:
             got = item.get("input")
             shown = "" if isinstance(got, dict) else f" (got {json.dumps(got, default=str)})"

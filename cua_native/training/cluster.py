@@ -102,7 +102,9 @@ def plan_cluster_run(loaded: LoadedConfig) -> ClusterPlan:
         eval_rows=eval_rows,
         workflow_kwargs=workflow_kwargs(agent, source="step", observer_factory=WORKER_OBSERVER),
         eval_workflow_kwargs=workflow_kwargs(
-            agent, source="eval", observer_factory=WORKER_OBSERVER
+            agent.model_copy(update={"group_size": loaded.cua.eval_episodes_per_task}),
+            source="eval",
+            observer_factory=WORKER_OBSERVER,
         ),
         vllm_command=vLLMConfig.build_cmd(loaded.areal.vllm, tp_size=1, pp_size=1),
         worker_env=worker_env(loaded),

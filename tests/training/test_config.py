@@ -60,6 +60,7 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
         ("actor.temperature=0.9", "derived from cua.agent.sampling.temperature"),
         ("gconfig.max_new_tokens=9", "derived from cua.agent.sampling.max_new_tokens"),
+        ("cua.checkpoint_every=3", "It moved to saver.freq_steps"),
     ],
 )
 def test_a_wrong_field_gives_one_error_naming_it(override: str, expected: str) -> None:
