@@ -39,9 +39,10 @@ def _check(loaded: LoadedConfig) -> None:
             "config error: actor.path must name the model to train (a local directory or a "
             "Hugging Face id already in the cluster's cache)"
         )
-    if cua.agent.gym.kind != "http" or not cua.agent.gym.base_url:
+    if cua.agent.gym.kind not in ("http", "adb") or not cua.agent.gym.base_url:
         raise ConfigError(
-            "config error: cua.agent.gym must be kind 'http' with a base_url in cua.mode 'areal'"
+            "config error: cua.agent.gym must be kind 'http' or 'adb' with a base_url in "
+            "cua.mode 'areal'"
         )
     backend = areal.rollout.backend.split(":", 1)[0]
     if backend not in {"vllm", "sglang"}:
