@@ -3,8 +3,10 @@
 Prints a table per task and in total; ``--json`` makes the LAST line one JSON object with
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
 kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed: 0).
-With no options it runs the embedded default: SimGym, the tiny Qwen3-VL (built once, cached),
-the in-process engine on CPU.
+It reads the training config through the same loader as ``train`` (``--config``, default
+``configs/default.yaml``; its ``cua.agent`` is the agent, its monitor settings say where episodes
+are recorded); flags and trailing ``key=value`` arguments override it. With no options it runs the
+embedded default: SimGym, the tiny Qwen3-VL (built once, cached), the in-process engine on CPU.
 """
 
 from __future__ import annotations
@@ -18,16 +20,14 @@ import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
 from tqdm import tqdm
 
 from cua_native.actions.errors import ERROR_KINDS
+from cua_native.config import ConfigError, LoadedConfig, load_config
 from cua_native.gym.protocol import Execution, Gym, Task
-from cua_native.rollout.config import AgentConfig, GymConfig
+from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.episode import EpisodeRun, run_with_retry
 from cua_native.rollout.factories import (
     load_engine,
@@ -123,40 +123,29 @@ def select_tasks(tasks: Sequence[Task], spec: str | None) -> list[Task]:
     return chosen
 
 
-def load_config(args: argparse.Namespace) -> AgentConfig:
-    """``--config`` YAML (``AgentConfig`` fields; ``model`` is an alias of ``model_path``),
-    then the command-line overrides."""
-    data: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise UsageError(f"--config: no such file {args.config!r}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as error:
-            raise UsageError(f"--config: not valid YAML ({error})") from None
-        if not isinstance(loaded, dict):
-            raise UsageError("--config: the top level must be a mapping")
-        data = dict(loaded)
-        if "model" in data:
-            data["model_path"] = data.pop("model")
+def build_config(args: argparse.Namespace) -> LoadedConfig:
+    """The training config (``--config``, default ``configs/default.yaml``) through the one
+    loader, with the command-line flags and ``key=value`` overrides on top."""
+    overrides = list(args.overrides)
     if args.model:
-        data["model_path"] = args.model
+        overrides.append(f"cua.agent.model_path={args.model}")
     if args.family:
-        data["family"] = args.family
+        overrides.append(f"cua.agent.family={args.family}")
     if args.gym_url:
-        data["gym"] = {**data.get("gym", {}), "kind": "http", "base_url": args.gym_url}
+        overrides += ["cua.agent.gym.kind=http", f"cua.agent.gym.base_url={args.gym_url}"]
     if args.gym_id:
-        data["gym"] = {**data.get("gym", {}), "gym_id": args.gym_id}
-    try:
-        config = AgentConfig.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"bad config: {where}: {first['msg']}") from None
-    if config.gym.kind == "http" and not config.gym.base_url:
-        raise UsageError("an HTTP gym needs --gym-url (or gym.base_url)")
-    return config
+        overrides.append(f"cua.agent.gym.gym_id={args.gym_id}")
+    if args.seed is not None:
+        overrides += [f"seed={args.seed}", f"cua.agent.gym.seed={args.seed}"]
+    if args.run_dir:
+        overrides.append(f"cua.run_dir={args.run_dir}")
+    if args.db:
+        overrides.append(f"cua.monitor_db={args.db}")
+    if args.monitor:
+        overrides.append(f"cua.monitor_url={args.monitor}")
+    if args.monitor_token:
+        overrides.append(f"cua.monitor_token={args.monitor_token}")
+    return load_config(args.config, overrides)
 
 
 @dataclass(slots=True)
@@ -274,7 +263,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cua_native.evaluate", description=__doc__)
     parser.add_argument("--episodes", type=int, default=4, help="episodes in total (default 4)")
     parser.add_argument("--tasks", help="task ids and/or index ranges, e.g. 0-3 or a,b")
-    parser.add_argument("--config", help="YAML with AgentConfig fields (gym, model, ...)")
+    parser.add_argument(
+        "--config", help="training config YAML (default: configs/default.yaml); uses cua.agent"
+    )
     parser.add_argument("--model", help="model directory (default: the cached tiny Qwen3-VL)")
     parser.add_argument("--family", choices=["mai_ui", "qwen3_vl"])
     parser.add_argument("--gym-url", help="base URL of a gym server (HttpGym)")
@@ -287,13 +278,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--db",
-        help="record to a monitor database: 'sqlite' (RUN_DIR/monitor.db) or a SQLAlchemy URL",
+        help="monitor database (cua.monitor_db): 'sqlite' (RUN_DIR/monitor.db), a SQLAlchemy "
+        "URL, or null for none",
     )
     parser.add_argument(
-        "--run-dir", help="run directory (model cache under RUN_DIR/.cache; default runs)"
+        "--run-dir", help="run directory (cua.run_dir; the tiny model is cached beside it)"
     )
     parser.add_argument("--json", action="store_true", help="last line: a JSON summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
@@ -304,28 +297,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def amain(args: argparse.Namespace) -> dict[str, Any]:
-    config = load_config(args)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs")
-    cache_dir = run_dir / ".cache"
+async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any]:
+    config, settings = loaded.cua.agent, loaded.cua
+    run_dir = settings.run_dir
+    cache_dir = run_dir.parent / ".cache"
     model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
-    gym = CountingGym(make_gym(_with_seed(config.gym, args.seed)))
+    gym = CountingGym(make_gym(config.gym))
     observer: EpisodeObserver = NullObserver()
     recorder = None
     engine = None
     try:
         tasks = select_tasks(await gym.list_tasks(), args.tasks)
         processor = await asyncio.to_thread(load_processor, model_path)
-        engine = await load_engine(model_path, seed=args.seed or 0)
+        engine = await load_engine(model_path, seed=loaded.areal.seed)
         freeze_startup_heap()
-        if args.monitor or args.db:
+        if settings.monitor_db_url() or settings.monitor_url:
             from cua_native.monitor.client.recorder import recorder_from_config
 
-            token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
+            token = settings.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
             recorder = await asyncio.to_thread(
                 recorder_from_config,
-                args.db,
-                args.monitor,
+                settings.monitor_db_url(),
+                settings.monitor_url,
                 token,
                 run_dir,
                 model_path=str(model_path),
@@ -378,15 +371,15 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return summary_json(total, gym.leaked)
 
 
-def _with_seed(gym: GymConfig, seed: int | None) -> GymConfig:
-    return gym if seed is None else gym.model_copy(update={"seed": seed})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        loaded = build_config(args)
         tune_for_rollouts()
-        summary = asyncio.run(with_cpu_pool(amain(args)))
+        summary = asyncio.run(with_cpu_pool(amain(args, loaded)))
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
