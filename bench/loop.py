@@ -46,7 +46,7 @@ from cua_native.config import load_config
 from cua_native.gym.protocol import Task
 from cua_native.gym.sim.gym import parse_size
 from cua_native.rollout.config import AgentConfig
-from cua_native.rollout.factories import load_processor, make_gym, make_kit, tiny_model_dir
+from cua_native.rollout.factories import load_processor, make_agent, make_gym, tiny_model_dir
 from cua_native.rollout.runtime import (
     available_cores,
     freeze_startup_heap,
@@ -138,11 +138,11 @@ class Bench:
     async def setup(self) -> None:
         model_dir = await asyncio.to_thread(tiny_model_dir)
         self.processor = await asyncio.to_thread(load_processor, model_dir)
-        kit = make_kit(self.config, self.processor)
-        self.max_pixels = kit.builder.sizing.max_pixels
+        agent = make_agent(self.config, self.processor)
+        self.max_pixels = agent.builder.sizing.max_pixels
         text = get_dialect("mai_ui").format(Click(x=0.5, y=0.5), thought="tap the middle")
-        stop_id = kit.gconfig.stop_token_ids[-1]
-        self.engine = FixedLatencyEngine(kit.tokenizer, text, stop_id, self.latency)
+        stop_id = agent.gconfig.stop_token_ids[-1]
+        self.engine = FixedLatencyEngine(agent.tokenizer, text, stop_id, self.latency)
         self.gym = make_gym(self.config.gym)
         self.tasks: list[Task] = await self.gym.list_tasks()
         self.workflows = {

@@ -23,7 +23,7 @@ from cua_native.gym.protocol import Evaluation, Observation, Screenshot, StepRes
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import SqlSink
 from cua_native.monitor.service.store import MonitorStore
-from cua_native.rollout.records import EpisodeContext, EpisodeRecord, TurnRecord
+from cua_native.rollout.records import EndReason, EpisodeContext, EpisodeRecord, TurnRecord
 
 
 def turn(index: int, shot: Screenshot, after: Screenshot) -> TurnRecord:
@@ -64,7 +64,7 @@ async def rollout(
         evaluation=Evaluation(1.0, True),
         reward=1.0,
         success=True,
-        end_reason="terminate",
+        end_reason=EndReason.TERMINATE,
     )
     start = timed()
     recorder.episode_finished(end)

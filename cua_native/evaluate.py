@@ -32,8 +32,8 @@ from cua_native.rollout.episode import EpisodeRun, run_with_retry
 from cua_native.rollout.factories import (
     load_engine,
     load_processor,
+    make_agent,
     make_gym,
-    make_kit,
     resolve_model_path,
 )
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
@@ -195,7 +195,7 @@ async def evaluate(
     progress: bool = True,
 ) -> list[tuple[Task, EpisodeRun]]:
     """Run ``episodes`` episodes, round-robin over ``tasks``, at most ``concurrency`` at once."""
-    kit = make_kit(config, processor)
+    agent = make_agent(config, processor)
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=episodes, file=sys.stderr, disable=not progress, desc="episodes")
     group_id = uuid.uuid4().hex
@@ -207,7 +207,7 @@ async def evaluate(
                 gym=gym,
                 task=task,
                 engine=engine,
-                kit=kit,
+                agent=agent,
                 make_context=lambda attempt: EpisodeContext(
                     task=task,
                     group_id=group_id,

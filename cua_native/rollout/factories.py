@@ -1,5 +1,5 @@
 """The embedded default and the factories behind it: the tiny Qwen3-VL (built once, cached),
-the gym named by a ``GymConfig``, and the per-turn kit (prompt builder, dialect, gconfig)."""
+the gym named by a ``GymConfig``, and the agent (prompt builder, dialect, gconfig)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from cua_native.actions.dialects import get_dialect
 from cua_native.gym.protocol import Gym
+from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig, GymConfig
-from cua_native.rollout.episode import Turnkit
 
 DEFAULT_CACHE_DIR = Path("runs/.cache")
 TINY_MODEL_DIRNAME = "tiny-qwen3-vl"
@@ -97,15 +97,15 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
-def make_kit(
+def make_agent(
     config: AgentConfig,
     processor: Any,
     *,
     executor: Any = None,
     http: Any = None,
     allowed_media_domains: tuple[str, ...] = (),
-) -> Turnkit:
-    """Prompt builder, dialect and sampling settings for ``config.family``. The dialect is the
+) -> Agent:
+    """The agent of ``config.family``: prompt builder, dialect and sampling settings. The dialect is the
     one the prompt teaches (same coordinate grid) unless ``config.dialect`` overrides it."""
     from cua_native.prompts import PromptBuilder, default_prompt_config, dialect_for
 
@@ -125,7 +125,7 @@ def make_kit(
         dialect=dialect,
         encode_images=config.encode_images,
     )
-    return Turnkit(
+    return Agent(
         builder=builder,
         dialect=dialect,
         tokenizer=tokenizer,

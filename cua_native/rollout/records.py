@@ -10,12 +10,33 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from cua_native.actions.errors import ParsedOutput
 from cua_native.gym.protocol import Evaluation, Observation, StepResult, Task
 
 Phase = Literal["create", "observe", "prompt", "generate", "parse", "act", "evaluate", "close"]
+
+
+class EndReason(StrEnum):
+    """How an episode ended. The agent's endings come first; the rest name the phase whose
+    infrastructure failure rejected the episode (also its ``reject_reason``)."""
+
+    ANSWER = "answer"
+    TERMINATE = "terminate"
+    MAX_TURNS = "max_turns"
+    TIME_LIMIT = "time_limit"
+    PARSE_ERRORS = "parse_errors"
+    CONTEXT_LIMIT = "context_limit"
+    """Even the smallest prompt the builder can make overflows the model's context."""
+    CREATE = "create"
+    OBSERVE = "observe"
+    PROMPT = "prompt"
+    GENERATE = "generate"
+    ACT = "act"
+    EVALUATE = "evaluate"
+
 
 EpisodeOutcome = Literal["completed", "rejected"]
 """``completed``: a real sample with its reward (success or agent failure).
@@ -70,13 +91,13 @@ class EpisodeRecord:
     context: EpisodeContext
     turns: list[TurnRecord] = field(default_factory=list)
     outcome: EpisodeOutcome = "completed"
-    reject_reason: str | None = None
+    reject_reason: EndReason | None = None
     evaluation: Evaluation | None = None
     reward: float = 0.0
     success: bool = False
     answer: str | None = None
-    end_reason: str = ""
-    """``terminate``, ``answer``, ``max_turns``, ``time_limit``, ``parse_errors``, or the reject reason."""
+    end_reason: EndReason | None = None
+    """Set when the episode ends (``None`` while it runs)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Total seconds per phase over the episode."""
 

@@ -31,9 +31,10 @@ from areal.utils.dynamic_import import import_from_string
 
 from cua_native.actions.errors import ERROR_KINDS
 from cua_native.gym.protocol import Gym, Task
+from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig
-from cua_native.rollout.episode import Engine, EpisodeRun, Turnkit, run_with_retry
-from cua_native.rollout.factories import load_processor, make_gym, make_kit, resolve_model_path
+from cua_native.rollout.episode import Engine, EpisodeRun, run_with_retry
+from cua_native.rollout.factories import load_processor, make_agent, make_gym, resolve_model_path
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
 from cua_native.rollout.trajectory import VisionTokens, group_samples
 
@@ -62,7 +63,7 @@ class _Resources:
     loop: asyncio.AbstractEventLoop
     gym: Gym
     owns_gym: bool
-    kit: Turnkit
+    agent: Agent
     tokens: VisionTokens
     observer: EpisodeObserver
 
@@ -110,7 +111,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
         if processor is None:
             model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
             processor = await asyncio.to_thread(load_processor, model_path)
-        kit = make_kit(self.config, processor)
+        agent = make_agent(self.config, processor)
         observer = self._given_observer
         if observer is None and self.observer_factory:
             observer = import_from_string(self.observer_factory)()
@@ -119,8 +120,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
             loop=loop,
             gym=gym,
             owns_gym=self._given_gym is None,
-            kit=kit,
-            tokens=VisionTokens.from_tokenizer(kit.tokenizer),
+            agent=agent,
+            tokens=VisionTokens.from_tokenizer(agent.tokenizer),
             observer=observer or NullObserver(),
         )
 
@@ -187,7 +188,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     gym=resources.gym,
                     task=task,
                     engine=engine,
-                    kit=resources.kit,
+                    agent=resources.agent,
                     make_context=context_factory(index),
                     observer=resources.observer,
                     on_reject=on_reject,

@@ -28,8 +28,9 @@ from cua_native.actions import models as m
 from cua_native.actions.dialects import Dialect
 from cua_native.gym.protocol import Execution, Gym, Observation, Task
 from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
+from cua_native.rollout.agent import feedback_for
 from cua_native.rollout.dataset import TaskSource, select_tasks
-from cua_native.rollout.episode import close_execution, feedback_for
+from cua_native.rollout.episode import close_execution
 from cua_native.rollout.trajectory import VisionTokens
 
 logger = logging.getLogger(__name__)

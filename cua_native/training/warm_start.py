@@ -262,7 +262,7 @@ async def score_first_steps(
     from areal.api.cli_args import GenerationHyperparameters
     from areal.api.io_struct import ModelRequest
 
-    from cua_native.rollout.episode import decode_output
+    from cua_native.rollout.agent import decode_output
     from cua_native.rollout.factories import stop_token_ids
 
     stops = stop_token_ids(tokenizer)

@@ -13,7 +13,7 @@ from cua_native.actions.models import Answer, Click
 from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.cpu_pool import WORK_RANK
 from cua_native.rollout.episode import run_episode, run_with_retry
-from cua_native.rollout.factories import make_kit
+from cua_native.rollout.factories import make_agent
 from cua_native.rollout.records import EpisodeContext, NullObserver
 from cua_native.rollout.workflow import CUAAgentWorkflow
 
@@ -45,13 +45,13 @@ async def _first_task(gym: Any) -> Any:
     return (await gym.list_tasks())[0]
 
 
-async def _episode(gym: Any, task: Any, engine: Any, kit: Any) -> Any:
+async def _episode(gym: Any, task: Any, engine: Any, agent: Any) -> Any:
     """One episode of ``task`` with no observer."""
     return await run_episode(
         gym=gym,
         task=task,
         engine=engine,
-        kit=kit,
+        agent=agent,
         context=EpisodeContext(task=task),
         observer=NullObserver(),
     )
@@ -61,16 +61,16 @@ async def test_answer_ends_episode_and_everything_is_recorded(
     processor, scripted_engine_factory, faulty_gym_factory
 ) -> None:
     config = AgentConfig(max_turns=5)
-    kit = make_kit(config, processor)
+    agent = make_agent(config, processor)
     gym = faulty_gym_factory()
-    engine = scripted_engine_factory(kit.dialect, click_then_answer)
+    engine = scripted_engine_factory(agent.dialect, click_then_answer)
     task = await _first_task(gym)
     observer = RecordingObserver(explode=True)  # observer errors never break the rollout
     run = await run_episode(
         gym=gym,
         task=task,
         engine=engine,
-        kit=kit,
+        agent=agent,
         context=EpisodeContext(task=task),
         observer=observer,
     )
@@ -92,11 +92,11 @@ async def test_parse_errors_are_fed_back_then_end_the_episode(
     processor, scripted_engine_factory, faulty_gym_factory
 ) -> None:
     config = AgentConfig(max_turns=10, max_consecutive_parse_errors=3, format_penalty=0.05)
-    kit = make_kit(config, processor)
+    agent = make_agent(config, processor)
     gym = faulty_gym_factory()
-    engine = scripted_engine_factory(kit.dialect, lambda turn: "I will not use a tool.")
+    engine = scripted_engine_factory(agent.dialect, lambda turn: "I will not use a tool.")
     task = await _first_task(gym)
-    run = await _episode(gym, task, engine, kit)
+    run = await _episode(gym, task, engine, agent)
     record = run.record
     assert record.outcome == "completed"
     assert record.end_reason == "parse_errors" and len(record.turns) == 3
@@ -113,17 +113,17 @@ async def test_max_turns_and_time_limit_are_agent_failures(
 ) -> None:
     gym = faulty_gym_factory()
     task = await _first_task(gym)
-    kit = make_kit(AgentConfig(max_turns=2), processor)
-    engine = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.2, y=0.3))
-    run = await _episode(gym, task, engine, kit)
+    agent = make_agent(AgentConfig(max_turns=2), processor)
+    engine = scripted_engine_factory(agent.dialect, lambda turn: Click(x=0.2, y=0.3))
+    run = await _episode(gym, task, engine, agent)
     assert (run.record.outcome, run.record.end_reason, len(run.record.turns)) == (
         "completed",
         "max_turns",
         2,
     )
-    kit = make_kit(AgentConfig(max_turns=50, episode_timeout_s=0.3), processor)
-    slow = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.2, y=0.3), latency=0.2)
-    run = await _episode(gym, task, slow, kit)
+    agent = make_agent(AgentConfig(max_turns=50, episode_timeout_s=0.3), processor)
+    slow = scripted_engine_factory(agent.dialect, lambda turn: Click(x=0.2, y=0.3), latency=0.2)
+    run = await _episode(gym, task, slow, agent)
     assert run.record.outcome == "completed" and run.record.end_reason == "time_limit"
     assert run.record.evaluation is not None
     assert gym.started == gym.closed == 2
@@ -132,16 +132,16 @@ async def test_max_turns_and_time_limit_are_agent_failures(
 async def test_infra_failure_is_retried_on_a_fresh_execution(
     processor, scripted_engine_factory, faulty_gym_factory
 ) -> None:
-    kit = make_kit(AgentConfig(max_turns=3), processor)
+    agent = make_agent(AgentConfig(max_turns=3), processor)
     gym = faulty_gym_factory(fail={"observe": {1}})
-    engine = scripted_engine_factory(kit.dialect, click_then_answer)
+    engine = scripted_engine_factory(agent.dialect, click_then_answer)
     task = await _first_task(gym)
     rejected: list[str | None] = []
     run = await run_with_retry(
         gym=gym,
         task=task,
         engine=engine,
-        kit=kit,
+        agent=agent,
         make_context=lambda attempt: EpisodeContext(task=task, attempt=attempt),
         observer=NullObserver(),
         on_reject=lambda r: rejected.append(r.record.reject_reason),
@@ -158,7 +158,7 @@ async def test_group_is_rejected_when_the_retry_fails_too(
     config = AgentConfig(max_turns=3, group_size=3)
     gym = faulty_gym_factory(fail={point: None})
     workflow = CUAAgentWorkflow(config, gym=gym, processor=processor)
-    engine = scripted_engine_factory(make_kit(config, processor).dialect, click_then_answer)
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
     task = await _first_task(gym)
     tracker = stats_tracker.get("rollout")
     tracker.export(reset=True)
@@ -177,7 +177,7 @@ async def test_cancellation_closes_every_execution(
     config = AgentConfig(max_turns=3, group_size=4)
     gym = faulty_gym_factory(hang={"act"})
     workflow = CUAAgentWorkflow(config, gym=gym, processor=processor)
-    engine = scripted_engine_factory(make_kit(config, processor).dialect, click_then_answer)
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
     task = await _first_task(gym)
     running = asyncio.create_task(workflow.arun_episode(engine, {"task": task.model_dump_json()}))
     for _ in range(500):
@@ -197,7 +197,7 @@ async def test_workflow_group_rows_and_stats(
     config = AgentConfig(max_turns=3, group_size=2, turn_discount=0.5)
     gym = faulty_gym_factory()
     workflow = CUAAgentWorkflow(config, gym=gym, processor=processor)
-    engine = scripted_engine_factory(make_kit(config, processor).dialect, click_then_answer)
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
     task = await _first_task(gym)
     tracker = stats_tracker.get("rollout")
     tracker.export(reset=True)
@@ -220,7 +220,7 @@ async def test_episode_work_is_ranked_by_turn_and_start_time(
 ) -> None:
     """Every gym call of an episode runs under ``WORK_RANK = (turn, start time)``, the order the
     CPU pool serves work in; the caller's rank is restored afterwards."""
-    kit = make_kit(AgentConfig(max_turns=3), processor)
+    agent = make_agent(AgentConfig(max_turns=3), processor)
     gym = faulty_gym_factory()
     seen: list[tuple[str, Any]] = []
     check = gym.check
@@ -230,9 +230,9 @@ async def test_episode_work_is_ranked_by_turn_and_start_time(
         await check(call)
 
     gym.check = recording
-    engine = scripted_engine_factory(kit.dialect, lambda turn: Click(x=0.5, y=0.5))
+    engine = scripted_engine_factory(agent.dialect, lambda turn: Click(x=0.5, y=0.5))
     task = await _first_task(gym)
-    run = await _episode(gym, task, engine, kit)
+    run = await _episode(gym, task, engine, agent)
     assert run.record.end_reason == "max_turns"
     assert WORK_RANK.get() is None
     assert len({rank[1] for _, rank in seen}) == 1  # one start time

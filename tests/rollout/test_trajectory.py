@@ -131,7 +131,7 @@ def test_rows_go_through_areal_advantages() -> None:
 
 
 def test_token_texts_match_hf_batch_decode(processor) -> None:
-    from cua_native.rollout.episode import token_texts_of
+    from cua_native.rollout.agent import token_texts_of
 
     tokenizer = processor.tokenizer
     ids = tokenizer.encode('<tool_call>{"x": 1} héllo 你好</tool_call><|im_end|>')
@@ -139,7 +139,7 @@ def test_token_texts_match_hf_batch_decode(processor) -> None:
 
 
 def test_token_texts_keep_hf_cleanup_when_the_tokenizer_asks_for_it() -> None:
-    from cua_native.rollout.episode import token_texts_of
+    from cua_native.rollout.agent import token_texts_of
 
     class Backend:
         def decode_batch(self, batch, skip_special_tokens=False):  # pragma: no cover
@@ -156,7 +156,7 @@ def test_token_texts_keep_hf_cleanup_when_the_tokenizer_asks_for_it() -> None:
 
 
 def test_token_texts_decode_each_id_once(processor) -> None:
-    from cua_native.rollout.episode import TokenTexts, token_texts_of
+    from cua_native.rollout.agent import TokenTexts, token_texts_of
 
     decoded: list[list[int]] = []
 

@@ -23,7 +23,7 @@ from cua_native.gym.protocol import (
 )
 from cua_native.monitor.service.dashboard.app import create_app
 from cua_native.monitor.service.store import MonitorStore
-from cua_native.rollout.records import EpisodeContext, EpisodeRecord, TurnRecord
+from cua_native.rollout.records import EndReason, EpisodeContext, EpisodeRecord, TurnRecord
 
 TOKEN = "test-token"
 
@@ -83,7 +83,7 @@ def finish(context: EpisodeContext, turns: list[TurnRecord]) -> EpisodeRecord:
         ),
         reward=1.0,
         success=True,
-        end_reason="terminate",
+        end_reason=EndReason.TERMINATE,
         timings={"generate": 1.0},
     )
 
