@@ -25,7 +25,7 @@ from cua_native.gym.protocol import Execution, Gym, Observation, Task
 from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
 from cua_native.rollout.agent import Agent, feedback_for
-from cua_native.rollout.cpu_pool import WORK_RANK
+from cua_native.rollout.cpu_pool import WORK_RANK, ranked
 from cua_native.rollout.records import (
     EndReason,
     EpisodeContext,
@@ -196,50 +196,51 @@ class Episode:
         self.started = time.monotonic()
         """The episode's place in the CPU pool's order (``cpu_pool.WORK_RANK``)."""
         self.history: list[HistoryStep] = []
+        self.execution: Execution | None = None
 
     async def run(self) -> EpisodeRun:
         """Create, play the turns, evaluate; close on every path. Never raises for
         infrastructure trouble (the record is ``rejected`` instead)."""
-        record, config = self.record, self.config
-        execution: Execution | None = None
-        rank = WORK_RANK.set((0, self.started))
-        notify(self.observer, "episode_started", self.context)
-        try:
-            with self.timer.phase("create"):
-                execution = await _start(self.gym, self.task, config.turn_timeout_s)
-            self.context.execution_id = execution.execution_id
-            record.end_reason = await self._play(execution)
-            with self.timer.phase("evaluate"):
-                evaluation = await _guarded(
-                    execution.evaluate(record.answer),
-                    reason=EndReason.EVALUATE,
-                    limit=config.turn_timeout_s,
-                )
-            record.evaluation = evaluation
-            record.success = evaluation.success
-            errors = sum(record.parse_errors.values())
-            record.reward = evaluation.reward - config.format_penalty * errors
-        except InfraFailure as failure:
-            record.outcome = "rejected"
-            record.reject_reason = failure.reason
-            record.end_reason = failure.reason
-            logger.warning("episode %s rejected: %s", self.context.episode_id, failure)
-        finally:
+        record = self.record
+        with ranked((0, self.started)):  # _play moves it on per turn
+            notify(self.observer, "episode_started", self.context)
             try:
-                if execution is not None:
-                    with self.timer.phase("close"):
-                        await close_execution(execution, config.close_timeout_s)
+                await self._create_play_evaluate()
+            except InfraFailure as failure:
+                record.outcome = "rejected"
+                record.reject_reason = failure.reason
+                record.end_reason = failure.reason
+                logger.warning("episode %s rejected: %s", self.context.episode_id, failure)
             finally:
-                WORK_RANK.reset(rank)
+                if self.execution is not None:
+                    with self.timer.phase("close"):
+                        await close_execution(self.execution, self.config.close_timeout_s)
         notify(self.observer, "episode_finished", record)
         return self.result
+
+    async def _create_play_evaluate(self) -> None:
+        record, config = self.record, self.config
+        with self.timer.phase("create"):
+            self.execution = execution = await _start(self.gym, self.task, config.turn_timeout_s)
+        self.context.execution_id = execution.execution_id
+        record.end_reason = await self._play(execution)
+        with self.timer.phase("evaluate"):
+            evaluation = await _guarded(
+                execution.evaluate(record.answer),
+                reason=EndReason.EVALUATE,
+                limit=config.turn_timeout_s,
+            )
+        record.evaluation = evaluation
+        record.success = evaluation.success
+        errors = sum(record.parse_errors.values())
+        record.reward = evaluation.reward - config.format_penalty * errors
 
     async def _play(self, execution: Execution) -> EndReason:
         """Turns until one ends the episode; how it ended."""
         screen: _Screen | None = None
         consecutive_errors = 0
         for index in range(self.config.max_turns):
-            WORK_RANK.set((index, self.started))  # reset by run()
+            WORK_RANK.set((index, self.started))  # restored by run()
             if self.deadline.remaining() <= 0:
                 return EndReason.TIME_LIMIT
             try:
