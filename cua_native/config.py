@@ -190,7 +190,7 @@ def _describe_omegaconf(error: OmegaConfBaseException, schema: Any, layers: list
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
     if "not in" in message and parent is not None and OmegaConf.is_config(parent):
-        message = _unknown(leaf, sorted(str(k) for k in parent.keys()))  # type: ignore[union-attr]
+        message = _unknown(leaf, sorted(str(k) for k in parent.keys()))
     return f"config error: {key or 'top level'}: {message}{_origin(layers, key)}"
 
 

@@ -16,4 +16,5 @@ if [ -f .ci/services.sh ]; then
 fi
 
 uv run ruff check cua_native tests bench
+uv run mypy
 uv run pytest "$@"

@@ -179,14 +179,14 @@ def load_object(text: str, warnings: list[str], what: str = "tool-call JSON") ->
         if trailing:
             warnings.append(f"ignored text after the {what}: {trailing[:24]!r}")
         return value
-    end = balanced_end(text, start)
-    if end is None:
+    close = balanced_end(text, start)
+    if close is None:
         if len(text) - start > MAX_OBJECT_CHARS:
             raise Failure("format", f"{what} is longer than {MAX_OBJECT_CHARS} characters")
         raise Failure("format", f"{what} is not closed (truncated output?)")
-    repaired = repair_object(text[start:end])
+    repaired = repair_object(text[start:close])
     if repaired is None:
-        snippet = text[start : min(end, start + 60)]
+        snippet = text[start : min(close, start + 60)]
         raise Failure("format", f"{what} could not be read, even leniently: {snippet!r}")
     warnings.append(f"repaired non-strict {what}")
     return repaired

@@ -265,8 +265,10 @@ def _mobile_arguments(action: Action, point: _PointWriter) -> dict[str, Any]:
 def _computer_arguments(action: Action, point: _PointWriter) -> dict[str, Any]:
     """``computer_use`` arguments in the schema's key order."""
     pointer = _COMPUTER_POINTERS.get(type(action))
-    if pointer is not None:
-        return {"action": pointer, "coordinate": point(action.x, action.y)}  # type: ignore[union-attr]
+    if pointer is not None and isinstance(
+        action, Click | DoubleClick | TripleClick | RightClick | MiddleClick | MouseMove
+    ):
+        return {"action": pointer, "coordinate": point(action.x, action.y)}
     if isinstance(action, Drag):
         if action.x is not None or action.y is not None:
             raise ValueError("computer_use left_click_drag starts at the pointer; move there first")

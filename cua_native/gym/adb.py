@@ -367,7 +367,7 @@ class AdbGym:
     async def get_task(self, task_id: str) -> Task:
         return await self.inner.get_task(task_id)
 
-    async def start(self, task: Task, options: dict[str, Any] | None = None) -> AdbExecution:
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution:
         owner = await self.inner.start(task, options)
         try:
             device = getattr(owner, "device", None)

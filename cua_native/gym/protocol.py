@@ -126,7 +126,10 @@ class Execution(Protocol):
 
 @runtime_checkable
 class Gym(Protocol):
-    gym_id: str
+    @property
+    def gym_id(self) -> str:
+        """The gym's id on its server (read-only: a wrapper may forward it)."""
+        ...
 
     async def list_tasks(self) -> list[Task]: ...
 

@@ -62,7 +62,7 @@ class RankedPool(ThreadPoolExecutor):
         self._queue: list[tuple[WorkRank, int, Future[Any], Callable[[], Any]]] = []
         self._ready = threading.Condition()
         self._order = itertools.count()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # type: ignore[assignment]  # own threads, not the base class's set
         self._idle = 0
         self._closed = False
 

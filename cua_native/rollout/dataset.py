@@ -46,7 +46,8 @@ def parse_number_ranges(spec: str) -> list[tuple[int, int]]:
 def task_number(task: Task) -> int | None:
     """``task_number``, else ``meta.number``, else the last run of digits in the task id."""
     extra = task.model_extra or {}
-    meta = extra.get("meta") if isinstance(extra.get("meta"), dict) else {}
+    found = extra.get("meta")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
     for value in (extra.get("task_number"), meta.get("number")):
         if isinstance(value, int) and not isinstance(value, bool):
             return value

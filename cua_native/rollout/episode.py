@@ -263,7 +263,8 @@ class Episode:
         """One turn: observe (unless the screen is known), prompt, generate, parse, act.
         Returns the ending it reached (if any), the next turn's screen (``None``: observe)
         and what was parsed."""
-        config, timings = self.config, {}
+        config = self.config
+        timings: dict[str, float] = {}
         if screen is None:
             with self.timer.phase("observe", timings):
                 observation = await _guarded(

@@ -150,4 +150,5 @@ def group_samples(
     ]
     if not rows:
         return None
-    return concat_padded_tensors(rows)
+    padded: dict[str, Any] = concat_padded_tensors(rows)
+    return padded
