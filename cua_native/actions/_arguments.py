@@ -430,7 +430,7 @@ SYNONYMS: dict[str, str] = {
     "done": "terminate",
     "sleep": "wait",
 }
-"""Names models write instead of the published ones (catalogue item 9)."""
+"""Names models write instead of the published ones (item 9 of the malformed-output cases, ``tests/fixtures/malformed.jsonl``)."""
 
 _SPECIAL: dict[str, Reader] = {
     "press": _press,

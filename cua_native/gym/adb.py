@@ -1,8 +1,7 @@
 """Android device backend over ADB (``adbutils``), for genv deployments that hand out
 ``device.device_serial``: screenshots by ``screencap -p``, actions by ``input``, apps by ``monkey``.
 
-``adb_commands`` is the pure mapping canonical action → shell argv lists (MobileWorld semantics,
-``research/agent_formats.md`` §A.9). ``AdbDevice`` runs them in a worker thread with a timeout
+``adb_commands`` is the pure mapping canonical action → shell argv lists (MobileWorld semantics). ``AdbDevice`` runs them in a worker thread with a timeout
 per command. ``AdbExecution`` observes and acts on the device and hands evaluate/close to the gym
 execution that owns the device (genv's evaluate and terminate); ``AdbGym`` wires the two together.
 """

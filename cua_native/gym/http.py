@@ -1,4 +1,4 @@
-"""HTTP client for a genv-compatible gym server (``specs/gym_protocol.md``).
+"""HTTP client for a genv-compatible gym server (``docs/gym_protocol.md``).
 
 One ``httpx.AsyncClient`` pool per ``HttpGym``; every call has its own timeout (create longest).
 Retries only where safe: reads, evaluate and terminate are retried on transport errors, timeouts

@@ -1,4 +1,4 @@
-"""Every item of the malformed-output catalogue (research/agent_formats.md) has a fixed outcome."""
+"""Every item of the malformed-output catalogue (``tests/fixtures/malformed.jsonl``, see ``tests/fixtures/README.md``) has a fixed outcome."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 models of the monitor schema (``shared/seeds/monitor_db_schema.md``).
+"""SQLAlchemy 2 models of the monitor schema (``docs/monitor.md``).
 
 The 13 seed tables with their columns, defaults, uniques and indexes, plus (additively):
 a ``client_id`` on every ingestable table (the upsert key of the ingest contract),
