@@ -19,12 +19,10 @@ import re
 import sys
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
-from cua_native.actions.errors import ERROR_KINDS
 from cua_native.config import ConfigError, LoadedConfig, load_config
 from cua_native.gym.protocol import Execution, Gym, Task
 from cua_native.rollout.config import AgentConfig
@@ -36,7 +34,7 @@ from cua_native.rollout.factories import (
     make_gym,
     resolve_model_path,
 )
-from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.records import EpisodeContext, EpisodeObserver, EpisodeTally, NullObserver
 from cua_native.rollout.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
 
 
@@ -148,40 +146,6 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(args.config, overrides)
 
 
-@dataclass(slots=True)
-class Summary:
-    """Totals over a set of episode runs."""
-
-    episodes: int = 0
-    completed: int = 0
-    rejected: int = 0
-    successes: int = 0
-    turns: int = 0
-    reward: float = 0.0
-    parse_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
-    token_mismatches: int = 0
-    reject_reasons: dict[str, int] = field(default_factory=dict)
-
-    def add(self, run: EpisodeRun) -> None:
-        record = run.record
-        self.episodes += 1
-        if run.rejected:
-            self.rejected += 1
-            reason = record.reject_reason or "unknown"
-            self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
-            return
-        self.completed += 1
-        self.successes += int(record.success)
-        self.turns += len(record.turns)
-        self.reward += record.reward
-        for kind, count in record.parse_errors.items():
-            self.parse_errors[kind] = self.parse_errors.get(kind, 0) + count
-        self.token_mismatches += sum(turn.token_mismatch for turn in record.turns)
-
-    def mean(self, total: float) -> float:
-        return total / self.completed if self.completed else 0.0
-
-
 async def evaluate(
     config: AgentConfig,
     tasks: Sequence[Task],
@@ -227,32 +191,32 @@ async def evaluate(
         bar.close()
 
 
-def render_table(results: Sequence[tuple[Task, EpisodeRun]]) -> tuple[str, Summary]:
-    per_task: dict[str, Summary] = {}
-    total = Summary()
+def render_table(results: Sequence[tuple[Task, EpisodeRun]]) -> tuple[str, EpisodeTally]:
+    per_task: dict[str, EpisodeTally] = {}
+    total = EpisodeTally()
     for task, run in results:
-        per_task.setdefault(task.task_id, Summary()).add(run)
-        total.add(run)
+        per_task.setdefault(task.task_id, EpisodeTally()).episode_finished(run.record)
+        total.episode_finished(run.record)
     header = f"{'task':<28} {'eps':>4} {'ok':>4} {'rej':>4} {'succ':>6} {'reward':>7} {'turns':>6} {'perr':>5}"
     lines = [header, "-" * len(header)]
     for name, s in [*per_task.items(), ("TOTAL", total)]:
         lines.append(
             f"{name[:28]:<28} {s.episodes:>4} {s.completed:>4} {s.rejected:>4} "
-            f"{s.mean(s.successes):>6.2f} {s.mean(s.reward):>7.3f} {s.mean(s.turns):>6.2f} "
+            f"{s.success_rate:>6.2f} {s.reward_mean:>7.3f} {s.turns_mean:>6.2f} "
             f"{sum(s.parse_errors.values()):>5}"
         )
     return "\n".join(lines), total
 
 
-def summary_json(total: Summary, leaked: int) -> dict[str, Any]:
+def summary_json(total: EpisodeTally, leaked: int) -> dict[str, Any]:
     return {
         "episodes": total.episodes,
         "completed": total.completed,
         "rejected": total.rejected,
         "reject_reasons": total.reject_reasons,
-        "success_rate": total.mean(total.successes),
-        "reward_mean": total.mean(total.reward),
-        "turns_mean": total.mean(total.turns),
+        "success_rate": total.success_rate,
+        "reward_mean": total.reward_mean,
+        "turns_mean": total.turns_mean,
         "parse_errors": total.parse_errors,
         "token_mismatches": total.token_mismatches,
         "leaked_executions": leaked,
@@ -345,13 +309,13 @@ async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any
             progress=not args.no_progress,
         )
         if recorder is not None:
-            done = Summary()
+            done = EpisodeTally()
             for _, run in results:
-                done.add(run)
+                done.episode_finished(run.record)
             recorder.baseline_finished(
-                success_rate=done.successes / done.completed if done.completed else 0.0,
-                avg_reward=done.mean(done.reward),
-                avg_turns=done.mean(done.turns),
+                success_rate=done.success_rate,
+                avg_reward=done.reward_mean,
+                avg_turns=done.turns_mean,
                 successful_tasks=done.successes,
                 completed_tasks=done.completed,
             )

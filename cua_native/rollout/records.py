@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-from cua_native.actions.errors import ParsedOutput
+from cua_native.actions.errors import ERROR_KINDS, ParsedOutput
 from cua_native.gym.protocol import Evaluation, Observation, StepResult, Task
 
 Phase = Literal["create", "observe", "prompt", "generate", "parse", "act", "evaluate", "close"]
@@ -158,14 +158,17 @@ class FanoutObserver:
 
 @dataclass(slots=True)
 class EpisodeTally:
-    """Counts finished episodes (for progress bars and step summaries)."""
+    """Counts finished episodes: the one tally of step summaries, evaluations and the
+    ``evaluate`` command (an observer, or fed with ``episode_finished(record)``)."""
 
     completed: int = 0
     rejected: int = 0
     successes: int = 0
     rewards: list[float] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
-    parse_errors: dict[str, int] = field(default_factory=dict)
+    parse_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+    token_mismatches: int = 0
+    reject_reasons: dict[str, int] = field(default_factory=dict)
 
     def episode_started(self, context: EpisodeContext) -> None:
         return None
@@ -176,8 +179,11 @@ class EpisodeTally:
     def episode_finished(self, record: EpisodeRecord) -> None:
         if record.outcome == "rejected":
             self.rejected += 1
+            reason = str(record.reject_reason or "unknown")
+            self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
             return
         self.completed += 1
+        self.token_mismatches += sum(turn.token_mismatch for turn in record.turns)
         self.successes += int(record.success)
         self.rewards.append(record.reward)
         self.turns.append(len(record.turns))
@@ -189,5 +195,22 @@ class EpisodeTally:
         return self.successes / self.completed if self.completed else 0.0
 
     @property
+    def episodes(self) -> int:
+        return self.completed + self.rejected
+
+    @property
     def reward_mean(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def reward_std(self) -> float:
+        """Unbiased standard deviation of the completed episodes' rewards (0 for fewer than 2)."""
+        n = len(self.rewards)
+        if n < 2:
+            return 0.0
+        mean = self.reward_mean
+        return float((sum((r - mean) ** 2 for r in self.rewards) / (n - 1)) ** 0.5)
+
+    @property
+    def turns_mean(self) -> float:
+        return sum(self.turns) / len(self.turns) if self.turns else 0.0

@@ -20,7 +20,6 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,13 +57,6 @@ class TrainReport:
     evals: dict[int, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
-
-
-def _std(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
 def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
@@ -285,8 +277,8 @@ class EmbeddedTrainer:
                 rejected_groups=len(results) - len(batch),
                 success_rate=tally.success_rate,
                 reward_mean=tally.reward_mean,
-                reward_std=_std(tally.rewards),
-                turns_mean=sum(tally.turns) / len(tally.turns) if tally.turns else 0.0,
+                reward_std=tally.reward_std,
+                turns_mean=tally.turns_mean,
                 samples=sum(int(b["input_ids"].shape[0]) for b in batch),
             )
             if batch:
@@ -369,7 +361,7 @@ class EmbeddedTrainer:
         outcome = {
             "success_rate": tally.success_rate,
             "avg_reward": tally.reward_mean,
-            "avg_turns": sum(tally.turns) / len(tally.turns) if tally.turns else 0.0,
+            "avg_turns": tally.turns_mean,
             "successful_tasks": tally.successes,
             "completed_tasks": tally.completed,
         }
