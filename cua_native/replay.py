@@ -1,7 +1,7 @@
 """Replay model outputs through the dialects: ``python -m cua_native.replay FILE.jsonl [...] [--json]``.
 
 Each input line is ``{"dialect", "text", "image_size"?, "expect"?, "options"?, "source"?}``
-(``specs/actions.md``; ``options`` are keyword options of ``get_dialect``). ``expect`` is a
+(``docs/actions.md``; ``options`` are keyword options of ``get_dialect``). ``expect`` is a
 canonical action (coordinates compared within one grid step) or ``{"error": "<kind>"}``.
 ``--json`` prints one result object per input line; otherwise a summary is printed. The exit code
 is 1 when any ``expect`` is not met or any line cannot be read, 0 otherwise.

@@ -45,7 +45,7 @@ class ParsedOutput(BaseModel):
         return self.action is not None and self.error is None
 
     def to_replay_json(self) -> dict[str, object]:
-        """The replay line of ``specs/actions.md``."""
+        """The replay line of ``docs/actions.md``."""
         return {
             "ok": self.ok,
             "action": self.action.model_dump(mode="json") if self.action is not None else None,

@@ -1,4 +1,4 @@
-"""Canonical actions: the one vocabulary inside cua_native (``specs/actions.md``).
+"""Canonical actions: the one vocabulary inside cua_native (``docs/actions.md``).
 
 Coordinates are floats in [0, 1] relative to the screenshot the model saw (x right, y down).
 Dialects translate model text to these models; environments execute them.
