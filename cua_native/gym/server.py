@@ -93,6 +93,8 @@ class _PendingCreate:
     unbounded: bool = False
     started_at: float = 0.0
     """Clock time the creation began (the reaper forgets expired request ids after the TTL)."""
+    requests: int = 0
+    """Create requests that joined this creation (the first and its retries)."""
 
     def extend(self, now: float, deadline_s: float | None) -> None:
         if deadline_s is None:
@@ -171,7 +173,9 @@ class GymServerState:
             key for key, live in self.live.items() if not live.busy and now - live.last_used > ttl
         ]
         for key in idle:
-            live = self.live.pop(key)
+            live = self.live.pop(key, None)
+            if live is None:  # closed meanwhile (a terminate, a concurrent pass)
+                continue
             if live.request_key is not None:
                 self.by_request.pop(live.request_key, None)
             log.info("closing execution %s: idle for more than %.0f s", key, ttl)
@@ -481,6 +485,7 @@ def create_app(
                 state.by_request[(gym_id, request_id)] = pending
         else:
             pending.extend(now, deadline_s)
+        pending.requests += 1
         assert pending.task is not None
         try:
             execution_id = await asyncio.shield(pending.task)

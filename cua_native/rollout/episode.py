@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -249,6 +250,8 @@ async def run_episode(
                 reason="evaluate",
                 limit=config.turn_timeout_s,
             )
+        if not math.isfinite(evaluation.reward):  # never trained on: the gym is broken
+            raise InfraFailure("bad_reward", f"the gym's reward is {evaluation.reward!r}")
         record.evaluation = evaluation
         record.success = evaluation.success
         record.reward = evaluation.reward - config.format_penalty * sum(
