@@ -2,7 +2,8 @@
 
 Prints a table per task and in total; ``--json`` makes the LAST line one JSON object with
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
-kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed: 0).
+kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
+an HTTP gym server that lists its executions still holds from this run: 0).
 With no options it runs the embedded default: SimGym, the tiny Qwen3-VL (built once, cached),
 the in-process engine on CPU.
 """
@@ -55,7 +56,10 @@ class CountingGym:
 
     @property
     def leaked(self) -> int:
-        return self.started - self.closed
+        """Executions started and never closed; after ``aclose``, what a server that lists its
+        executions still holds from this run's creates (orphans of timed-out creates too)."""
+        held = getattr(self.inner, "held_at_close", None)
+        return held if isinstance(held, int) else self.started - self.closed
 
     async def list_tasks(self) -> list[Task]:
         return await self.inner.list_tasks()

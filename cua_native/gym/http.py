@@ -1,4 +1,4 @@
-"""HTTP client for a genv-compatible gym server (``specs/gym_protocol.md``).
+"""HTTP client for a genv-compatible gym server (``docs/gym_protocol.md``).
 
 One ``httpx.AsyncClient`` pool per ``HttpGym``; every call has its own timeout (create longest).
 Retries only where safe: reads, evaluate and terminate are retried on transport errors, timeouts
@@ -185,6 +185,9 @@ class HttpGym:
         )
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.held_at_close: int | None = None
+        """Set by ``aclose``: executions the server still held from this client's creates, once
+        every terminate had run (``None``: unknown, e.g. genv)."""
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -358,13 +361,19 @@ class HttpGym:
             return False
 
     async def aclose(self) -> None:
-        """Wait (bounded) for background terminates/reclaims, then close an owned pool."""
+        """Wait (bounded) for background terminates/reclaims, note ``held_at_close``, then close
+        an owned pool."""
         if self._closed:
             return
         if self._background:
             _done, pending = await asyncio.wait(set(self._background), timeout=BACKGROUND_WAIT_S)
             for task in pending:
                 task.cancel()
+        if self._request_ids:
+            try:
+                self.held_at_close = await self.held_executions()
+            except Exception as exc:  # the count is a report; it must not fail the close
+                log.warning("could not ask gym %s what it still holds: %s", self.gym_id, exc)
         self._closed = True
         if self._owns_client:
             await self._client.aclose()

@@ -1,4 +1,4 @@
-"""The async environment protocol (``specs/gym_protocol.md``).
+"""The async environment protocol (``docs/gym_protocol.md``).
 
 A ``Gym`` hands out tasks and starts ``Execution``s; an ``Execution`` is one live environment
 that is observed, acted on with canonical actions, evaluated and closed. Every implementation

@@ -1,4 +1,4 @@
-"""Serve any ``Gym`` over the HTTP routes of ``specs/gym_protocol.md`` (FastAPI + uvicorn).
+"""Serve any ``Gym`` over the HTTP routes of ``docs/gym_protocol.md`` (FastAPI + uvicorn).
 
     python -m cua_native.gym.server --host 127.0.0.1 --port 5010 [--gym sim] [--seed N]
         [--fault-profile FILE|JSON] [--max-live N] [--idle-ttl-s S] [--max-body-bytes B]

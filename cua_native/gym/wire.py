@@ -1,4 +1,4 @@
-"""JSON ⇄ protocol types, shared by the gym server and the HTTP client (``specs/gym_protocol.md``).
+"""JSON ⇄ protocol types, shared by the gym server and the HTTP client (``docs/gym_protocol.md``).
 
 Screenshots travel as ``{"png_base64": ...}`` or ``{"url": ...}``. PNG encoding of an in-memory
 image is CPU work, so the async helpers run it in a thread; the sync helpers are for callers that

@@ -183,3 +183,20 @@ def test_limits_refuse_nonsense() -> None:
     for bad in ({"max_live": 0}, {"idle_ttl_s": -1.0}, {"max_body_bytes": 10}, {"auth_token": " "}):
         with pytest.raises(ValueError):
             ServerLimits(**bad)
+
+
+async def test_evaluate_counts_what_the_server_still_holds(toy, serve) -> None:
+    """``leaked_executions`` is the server's own count when it can list its executions: an
+    execution created behind the counting layer's back (like the orphan of a timed-out create)
+    is a leak even though every execution the counter saw was closed."""
+    from cua_native.evaluate import CountingGym
+
+    async with serve(create_app({"toy": toy})) as url:
+        counting = CountingGym(HttpGym(url, "toy", retries=RETRY, timeouts=SHORT))
+        seen = await counting.start(_task())
+        await seen.close()
+        orphan = await counting.inner.start(_task())
+        assert counting.started == counting.closed == 1
+        await counting.aclose()
+        assert counting.leaked == 1
+    assert orphan.execution_id in toy.close_calls  # the server's shutdown closed it
