@@ -182,10 +182,10 @@ async def test_cancellation_closes_every_execution(
     engine = scripted_engine_factory(make_kit(config, processor).dialect, click_then_answer)
     task = await _first_task(gym)
     running = asyncio.create_task(workflow.arun_episode(engine, {"task": task.model_dump_json()}))
-    for _ in range(500):
-        await asyncio.sleep(0.01)
+    for _ in range(12_000):  # bounded polling, generous under load (up to ~2 min)
         if gym.counts.get("act", 0) == 4:
             break
+        await asyncio.sleep(0.01)
     assert gym.counts.get("act", 0) == 4
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
