@@ -21,25 +21,19 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
-from tqdm import tqdm
 
+from cua_native import cli_checks
 from cua_native.actions.errors import ERROR_KINDS
-from cua_native.gym.protocol import Execution, Gym, Task
-from cua_native.rollout.config import AgentConfig, GymConfig
-from cua_native.rollout.episode import EpisodeRun, run_with_retry
-from cua_native.rollout.factories import (
-    load_engine,
-    load_processor,
-    make_gym,
-    make_kit,
-    resolve_model_path,
-)
+from cua_native.gym.protocol import Execution, Gym, GymError, Task
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
-from cua_native.rollout.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
+
+if TYPE_CHECKING:  # the rollout stack imports AReaL and torch: only once the input is checked
+    from cua_native.rollout.config import AgentConfig, GymConfig
+    from cua_native.rollout.episode import EpisodeRun
 
 
 class UsageError(ValueError):
@@ -154,6 +148,8 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
     if args.gym_id:
         data["gym"] = {**data.get("gym", {}), "gym_id": args.gym_id}
     try:
+        from cua_native.rollout.config import AgentConfig
+
         config = AgentConfig.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
@@ -211,6 +207,11 @@ async def evaluate(
     progress: bool = True,
 ) -> list[tuple[Task, EpisodeRun]]:
     """Run ``episodes`` episodes, round-robin over ``tasks``, at most ``concurrency`` at once."""
+    from tqdm import tqdm
+
+    from cua_native.rollout.episode import run_with_retry
+    from cua_native.rollout.factories import make_kit
+
     kit = make_kit(config, processor)
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=episodes, file=sys.stderr, disable=not progress, desc="episodes")
@@ -317,17 +318,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
+    from cua_native.rollout.factories import (
+        load_engine,
+        load_processor,
+        make_gym,
+        resolve_model_path,
+    )
+    from cua_native.rollout.runtime import freeze_startup_heap
+
     config = load_config(args)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs")
     cache_dir = run_dir / ".cache"
-    model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
     gym = CountingGym(make_gym(_with_seed(config.gym, args.seed)))
     observer: EpisodeObserver = NullObserver()
     monitor = None
     engine = None
     async with contextlib.AsyncExitStack() as lifecycle:
         try:
-            tasks = select_tasks(await gym.list_tasks(), args.tasks)
+            tasks = select_tasks(await gym.list_tasks(), args.tasks)  # the gym first: cheap
+            model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
             processor = await asyncio.to_thread(load_processor, model_path)
             engine = await load_engine(model_path, seed=args.seed or 0)
             freeze_startup_heap()
@@ -400,15 +409,34 @@ def _with_seed(gym: GymConfig, seed: int | None) -> GymConfig:
     return gym if seed is None else gym.model_copy(update={"seed": seed})
 
 
+def check_input(args: argparse.Namespace) -> None:
+    """Everything about the command line that can be checked before loading anything:
+    ``UsageError`` (one line) on the first problem."""
+    try:
+        cli_checks.check_run_dir(args.run_dir or "runs")
+        if args.db:
+            cli_checks.check_db_url(args.db)
+        if args.model:
+            cli_checks.check_model_dir(args.model)
+        if args.gym_url:
+            url = cli_checks.check_http_url(args.gym_url, "--gym-url")
+            cli_checks.check_gym_reachable(url, args.gym_id or "sim")
+    except cli_checks.BadInput as error:
+        raise UsageError(str(error)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        check_input(args)
+        from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
+
         tune_for_rollouts()
         summary = asyncio.run(with_cpu_pool(amain(args)))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, GymError) as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, asyncio.CancelledError) as error:
@@ -416,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143 if "SIGTERM" in str(error) else 130
     if args.json:
         print(json.dumps(summary, sort_keys=True))
+    if summary["episodes"] and summary["rejected"] == summary["episodes"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in summary.get("reject_reasons", {}).items())
+        print(f"error: every episode was rejected ({reasons or 'infrastructure'})", file=sys.stderr)
+        return 1
     return 0 if summary["leaked_executions"] == 0 else 1
 
 

@@ -16,8 +16,12 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from cua_native.config import ConfigError, LoadedConfig, load_config
+from cua_native import cli_checks
+
+if TYPE_CHECKING:  # the config loader imports AReaL: only once the command line is checked
+    from cua_native.config import LoadedConfig
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -41,7 +45,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_input(args: argparse.Namespace) -> None:
+    """Options checkable before importing or loading anything (``BadInput``, one line)."""
+    if args.model:
+        cli_checks.check_model_dir(args.model)
+    if args.device:
+        cli_checks.check_device(args.device)
+    cli_checks.check_positive(args.steps, "--steps")
+    if args.run_dir:
+        cli_checks.check_run_dir(args.run_dir)
+    if args.monitor:
+        cli_checks.check_http_url(args.monitor, "--monitor")
+
+
 def build_config(args: argparse.Namespace) -> LoadedConfig:
+    from cua_native.config import ConfigError, load_config
+
     overrides = list(args.overrides)
     for item in overrides:
         if "=" not in item:
@@ -66,6 +85,13 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        check_input(args)
+    except cli_checks.BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from cua_native.config import ConfigError
+
     try:
         loaded = build_config(args)
         if loaded.cua.monitor_url:
