@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cua_native.rollout.config import AgentConfig
+from cua_native.rollout.config import SAMPLING_FIELDS, AgentConfig, SamplingConfig
 from cua_native.rollout.dataset import TaskSource
 
 
@@ -48,31 +48,12 @@ class CUAvLLMConfig(vLLMConfig):
 
 
 @dataclass
-class CUASection:
-    """The ``cua`` section as OmegaConf sees it; validated into ``CUASettings``."""
-
-    mode: str = "embedded"
-    run_dir: str = "runs/default"
-    agent: dict[str, Any] = field(default_factory=dict)
-    tasks: dict[str, Any] = field(default_factory=dict)
-    eval_tasks: dict[str, Any] | None = None
-    baseline: bool = True
-    eval_every: int = 0
-    eval_episodes_per_task: int = 1
-    monitor_db: str | None = "sqlite"
-    monitor_url: str | None = None
-    monitor_token: str | None = None
-    warm_start: dict[str, Any] = field(default_factory=dict)
-    device: str = "cpu"
-    checkpoint_every: int = 0
-
-
-@dataclass
 class CUATrainConfig(GRPOConfig):
     experiment_name: str = "cua"
     trial_name: str = "default"
     vllm: CUAvLLMConfig = field(default_factory=CUAvLLMConfig)
-    cua: CUASection = field(default_factory=CUASection)
+    cua: dict[str, Any] = field(default_factory=dict)
+    """The ``cua`` section, left untyped for OmegaConf: ``CUASettings`` is its one schema."""
 
 
 class WarmStart(BaseModel):
@@ -104,13 +85,17 @@ class CUASettings(BaseModel):
     baseline: bool = True
     eval_every: int = Field(0, ge=0)
     eval_episodes_per_task: int = Field(1, ge=1)
+    """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
     monitor_db: str | None = "sqlite"
     """``sqlite`` = ``<run_dir>/monitor.db``; a SQLAlchemy URL; or null for no store."""
     monitor_url: str | None = None
     monitor_token: str | None = None
     warm_start: WarmStart = Field(default_factory=WarmStart)
     device: str = "cpu"
-    checkpoint_every: int = Field(0, ge=0)
+
+    def eval_agent(self) -> AgentConfig:
+        """The agent of the baseline and evaluations: ``eval_episodes_per_task`` per group."""
+        return self.agent.model_copy(update={"group_size": self.eval_episodes_per_task})
 
     def monitor_db_url(self) -> str | None:
         if self.monitor_db is None:
@@ -122,8 +107,33 @@ class CUASettings(BaseModel):
 
 @dataclass(frozen=True)
 class LoadedConfig:
+    """A validated config: AReaL's dataclass (its ``cua`` left as a dict) and our section."""
+
     areal: CUATrainConfig
     cua: CUASettings
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One user-written layer of the config and where it came from (for error messages)."""
+
+    origin: str
+    values: Any
+
+    def sets(self, key: str) -> bool:
+        missing = object()
+        return OmegaConf.select(self.values, key, default=missing) is not missing
+
+
+def _origin(layers: list[_Layer], key: str) -> str:
+    """`` (set in <file>)`` for the last layer that sets ``key`` (or a parent of it)."""
+    parts = key.split(".")
+    for depth in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:depth])
+        for layer in reversed(layers):
+            if layer.sets(prefix):
+                return f" (set in {layer.origin})"
+    return ""
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -143,42 +153,77 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(current.model_fields)
 
 
-def _describe(error: ValidationError, prefix: str) -> str:
+def _unknown(leaf: str, allowed: list[str]) -> str:
+    """``unknown field 'x'. Did you mean 'y'? Allowed: ...``"""
+    close = difflib.get_close_matches(leaf, allowed, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"unknown field '{leaf}'.{hint} Allowed: {', '.join(allowed)}"
+
+
+MOVED = {"cua.checkpoint_every": "saver.freq_steps (AReaL's own field, read on both paths)"}
+"""Fields that left the ``cua`` section, and where they went."""
+
+
+def _describe(error: ValidationError, layers: list[_Layer]) -> str:
+    """Each pydantic error of the ``cua`` section as ``cua.a.b: what (set in FILE)``."""
     lines = []
     for item in error.errors():
-        where = ".".join(str(p) for p in (prefix, *item["loc"]) if p != "")
+        where = ".".join(str(p) for p in ("cua", *item["loc"]))
         if item["type"] == "extra_forbidden":
             allowed = _fields_at(CUASettings, tuple(item["loc"][:-1]))
-            leaf = str(item["loc"][-1])
-            close = difflib.get_close_matches(leaf, allowed, n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            lines.append(f"{where}: unknown field.{hint} Allowed: {', '.join(allowed)}")
-            continue
-        got = item.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {json.dumps(got, default=str)})"
-        lines.append(f"{where}: {item['msg']}{shown}")
+            what = _unknown(str(item["loc"][-1]), allowed)
+            moved = MOVED.get(where)
+            if moved:
+                what = f"{what}. It moved to {moved}"
+        else:
+            got = item.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {json.dumps(got, default=str)})"
+            what = f"{item['msg']}{shown}"
+        lines.append(f"{where}: {what}{_origin(layers, where)}")
     return "; ".join(lines)
 
 
-def _describe_omegaconf(error: OmegaConfBaseException, schema: Any) -> str:
-    """One line: the field, what is wrong, and what is allowed there."""
+def _describe_omegaconf(error: OmegaConfBaseException, schema: Any, layers: list[_Layer]) -> str:
+    """One line: the field, what is wrong, what is allowed there and which file set it."""
     key = str(getattr(error, "full_key", "") or "")
     message = str(getattr(error, "msg", error)).splitlines()[0]
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(schema, parent_key) if parent_key else schema
     if "not in" in message and parent is not None and OmegaConf.is_config(parent):
-        allowed = sorted(str(k) for k in parent.keys())  # type: ignore[union-attr]
-        close = difflib.get_close_matches(leaf, allowed, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        message = f"unknown field '{leaf}'.{hint} Allowed: {', '.join(allowed)}"
-    return f"config error at {key or 'top level'}: {message}"
+        message = _unknown(leaf, sorted(str(k) for k in parent.keys()))  # type: ignore[union-attr]
+    return f"config error: {key or 'top level'}: {message}{_origin(layers, key)}"
 
 
-def validate_cua(section: dict[str, Any]) -> CUASettings:
-    try:
-        return CUASettings.model_validate(section)
-    except ValidationError as e:
-        raise ConfigError(f"config error: {_describe(e, 'cua')}") from None
+DERIVED: dict[str, str] = {
+    "actor.temperature": "temperature",
+    **{f"{g}.{name}": name for g in ("gconfig", "eval_gconfig") for name in SAMPLING_FIELDS},
+}
+"""AReaL fields that ``cua.agent.sampling`` sets (value: the sampling field they come from).
+
+The workflow samples with ``cua.agent.sampling``; PPO's ratio compares the trainer's log-probs
+with the engine's, taken under the sampling temperature, so the trainer's temperature is that
+one (1 for ``temperature: 0``, as the engine reports greedy log-probs). AReaL's ``gconfig``
+mirrors the same settings so its logs show what ran."""
+
+
+def _reject_derived(layers: list[_Layer]) -> None:
+    """A derived field written by hand is an error naming the field to set instead."""
+    for key, source in DERIVED.items():
+        for layer in layers:
+            if layer.sets(key):
+                raise ConfigError(
+                    f"config error: {key} is derived from cua.agent.sampling.{source}; set that "
+                    f"instead (set in {layer.origin})"
+                )
+
+
+def derive_sampling(areal: CUATrainConfig, sampling: SamplingConfig) -> None:
+    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED``."""
+    areal.actor.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+    for gconfig in (areal.gconfig, areal.eval_gconfig):
+        if gconfig is not None:
+            for name in SAMPLING_FIELDS:
+                setattr(gconfig, name, getattr(sampling, name))
 
 
 def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
@@ -194,13 +239,6 @@ def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
             "config error: actor.reward_norm must be null when cua.agent.group_reward_norm is "
             "true (rewards are normalised per episode inside the workflow; AReaL's per-sample "
             "group norm would mix turns of different episodes)"
-        )
-    sampled, trained = cua.agent.sampling.temperature, areal.actor.temperature
-    if not cua.agent.sampling.greedy and abs(sampled - trained) > 1e-9:
-        raise ConfigError(
-            f"config error: actor.temperature ({trained}) must equal "
-            f"cua.agent.sampling.temperature ({sampled}): PPO's ratio compares the trainer's "
-            "log-probs with the engine's, which are taken under the sampling temperature"
         )
     if cua.mode == "areal" and cua.agent.gym.kind == "sim":
         raise ConfigError(
@@ -233,6 +271,8 @@ BASE_LAYER: dict[str, Any] = {
         }
         for part in ("saver", "evaluator", "recover", "stats_logger")
     },
+    # What the interpolations above need; every other default is CUASettings'.
+    "cua": {"run_dir": str(CUASettings.model_fields["run_dir"].default)},
 }
 """AReaL fields every CUA run shares; a config file or override replaces any of them."""
 
@@ -246,29 +286,43 @@ def default_config_path() -> Path:
     return Path(str(resources.files("cua_native").joinpath("configs/default.yaml")))
 
 
+def _user_layers(path: Path, overrides: list[str] | None) -> list[_Layer]:
+    """The config file and the command-line overrides, in merge order."""
+    if not path.is_file():
+        raise ConfigError(f"config error: no config file at {path} (no such file)")
+    try:
+        layers = [_Layer(str(path), OmegaConf.load(path))]
+    except Exception as e:  # yaml errors carry line numbers; keep them
+        raise ConfigError(
+            f"config error: {path} is not valid YAML: {e}".replace("\n", " ")
+        ) from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"config error: override {item!r} is not of the form key=value")
+    if overrides:
+        layers.append(_Layer("the command line", OmegaConf.from_dotlist(overrides)))
+    return layers
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LoadedConfig:
     """Load ``path`` (YAML; default ``configs/default.yaml``, the embedded default) over
-    AReaL's defaults, apply ``a.b=c`` overrides, validate everything."""
-    if path is None:
-        path = default_config_path()
+    AReaL's defaults, apply ``a.b=c`` overrides, validate everything.
+
+    The one loader of every command (``train``, ``evaluate``). A wrong field raises one
+    ``ConfigError`` line naming the field, what is allowed there (the nearest known key for
+    a typo) and the file or command line that set it."""
+    layers = _user_layers(Path(path) if path is not None else default_config_path(), overrides)
+    _reject_derived(layers)
     schema = OmegaConf.structured(CUATrainConfig)
-    layers = [schema, OmegaConf.create(BASE_LAYER)]
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config error: no config file at {path}")
-        try:
-            layers.append(OmegaConf.load(path))
-        except Exception as e:  # yaml errors carry line numbers; keep them
-            raise ConfigError(f"config error: {path} is not valid YAML: {e}") from None
-    if overrides:
-        layers.append(OmegaConf.from_dotlist(overrides))
     try:
-        merged = OmegaConf.merge(*layers)
+        merged = OmegaConf.merge(schema, OmegaConf.create(BASE_LAYER), *(x.values for x in layers))
         areal: CUATrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
-        raise ConfigError(_describe_omegaconf(e, schema)) from None
-    section = {k: v for k, v in OmegaConf.to_container(merged.cua).items() if v is not None}  # type: ignore[union-attr]
-    cua = validate_cua(section)
+        raise ConfigError(_describe_omegaconf(e, schema, layers)) from None
+    try:
+        cua = CUASettings.model_validate(areal.cua)
+    except ValidationError as e:
+        raise ConfigError(f"config error: {_describe(e, layers)}") from None
+    derive_sampling(areal, cua.agent.sampling)
     check_consistency(areal, cua)
     return LoadedConfig(areal=areal, cua=cua)

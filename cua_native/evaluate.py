@@ -4,8 +4,12 @@ Prints a table per task and in total; ``--json`` makes the LAST line one JSON ob
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
 kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
 an HTTP gym server that lists its executions still holds from this run: 0).
-With no options it runs the embedded default: SimGym, the tiny Qwen3-VL (built once, cached),
-the in-process engine on CPU.
+It reads the training config through the same loader as ``train`` (``--config``, default
+``configs/default.yaml``; its ``cua.agent`` is the agent, its monitor settings say where episodes
+are recorded); flags and trailing ``key=value`` arguments override it. With no options it runs the
+embedded default: SimGym, the tiny Qwen3-VL (built once, cached), the in-process engine on CPU.
+Bad input (URLs, paths, the database) is one line and a non-zero exit before anything heavy is
+imported; every episode rejected is a non-zero exit too.
 """
 
 from __future__ import annotations
@@ -23,16 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import ValidationError
-
 from cua_native import cli_checks
 from cua_native.actions.errors import ERROR_KINDS
 from cua_native.gym.protocol import Execution, Gym, GymError, Task
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
 
 if TYPE_CHECKING:  # the rollout stack imports AReaL and torch: only once the input is checked
-    from cua_native.rollout.config import AgentConfig, GymConfig
+    from cua_native.config import LoadedConfig
+    from cua_native.rollout.config import AgentConfig
     from cua_native.rollout.episode import EpisodeRun
 
 
@@ -122,42 +124,31 @@ def select_tasks(tasks: Sequence[Task], spec: str | None) -> list[Task]:
     return chosen
 
 
-def load_config(args: argparse.Namespace) -> AgentConfig:
-    """``--config`` YAML (``AgentConfig`` fields; ``model`` is an alias of ``model_path``),
-    then the command-line overrides."""
-    data: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise UsageError(f"--config: no such file {args.config!r}")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as error:
-            raise UsageError(f"--config: not valid YAML ({error})") from None
-        if not isinstance(loaded, dict):
-            raise UsageError("--config: the top level must be a mapping")
-        data = dict(loaded)
-        if "model" in data:
-            data["model_path"] = data.pop("model")
+def build_config(args: argparse.Namespace) -> LoadedConfig:
+    """The training config (``--config``, default ``configs/default.yaml``) through the one
+    loader, with the command-line flags and ``key=value`` overrides on top."""
+    overrides = list(args.overrides)
     if args.model:
-        data["model_path"] = args.model
+        overrides.append(f"cua.agent.model_path={args.model}")
     if args.family:
-        data["family"] = args.family
+        overrides.append(f"cua.agent.family={args.family}")
     if args.gym_url:
-        data["gym"] = {**data.get("gym", {}), "kind": "http", "base_url": args.gym_url}
+        overrides += ["cua.agent.gym.kind=http", f"cua.agent.gym.base_url={args.gym_url}"]
     if args.gym_id:
-        data["gym"] = {**data.get("gym", {}), "gym_id": args.gym_id}
-    try:
-        from cua_native.rollout.config import AgentConfig
+        overrides.append(f"cua.agent.gym.gym_id={args.gym_id}")
+    if args.seed is not None:
+        overrides += [f"seed={args.seed}", f"cua.agent.gym.seed={args.seed}"]
+    if args.run_dir:
+        overrides.append(f"cua.run_dir={args.run_dir}")
+    if args.db:
+        overrides.append(f"cua.monitor_db={args.db}")
+    if args.monitor:
+        overrides.append(f"cua.monitor_url={args.monitor}")
+    if args.monitor_token:
+        overrides.append(f"cua.monitor_token={args.monitor_token}")
+    from cua_native.config import load_config
 
-        config = AgentConfig.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"bad config: {where}: {first['msg']}") from None
-    if config.gym.kind == "http" and not config.gym.base_url:
-        raise UsageError("an HTTP gym needs --gym-url (or gym.base_url)")
-    return config
+    return load_config(args.config, overrides)
 
 
 @dataclass(slots=True)
@@ -280,7 +271,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cua_native.evaluate", description=__doc__)
     parser.add_argument("--episodes", type=int, default=4, help="episodes in total (default 4)")
     parser.add_argument("--tasks", help="task ids and/or index ranges, e.g. 0-3 or a,b")
-    parser.add_argument("--config", help="YAML with AgentConfig fields (gym, model, ...)")
+    parser.add_argument(
+        "--config", help="training config YAML (default: configs/default.yaml); uses cua.agent"
+    )
     parser.add_argument("--model", help="model directory (default: the cached tiny Qwen3-VL)")
     parser.add_argument("--family", choices=["mai_ui", "qwen3_vl"])
     parser.add_argument("--gym-url", help="base URL of a gym server (HttpGym)")
@@ -293,13 +286,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--db",
-        help="record to a monitor database: 'sqlite' (RUN_DIR/monitor.db) or a SQLAlchemy URL",
+        help="monitor database (cua.monitor_db): 'sqlite' (RUN_DIR/monitor.db), a SQLAlchemy "
+        "URL, or null for none",
     )
     parser.add_argument(
-        "--run-dir", help="run directory (model cache under RUN_DIR/.cache; default runs)"
+        "--run-dir", help="run directory (cua.run_dir; the tiny model is cached beside it)"
     )
     parser.add_argument("--json", action="store_true", help="last line: a JSON summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
@@ -317,7 +312,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def amain(args: argparse.Namespace) -> dict[str, Any]:
+async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any]:
     from cua_native.rollout.factories import (
         load_engine,
         load_processor,
@@ -326,10 +321,10 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     )
     from cua_native.rollout.runtime import freeze_startup_heap
 
-    config = load_config(args)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs")
-    cache_dir = run_dir / ".cache"
-    gym = CountingGym(make_gym(_with_seed(config.gym, args.seed)))
+    config, settings = loaded.cua.agent, loaded.cua
+    run_dir = settings.run_dir
+    cache_dir = run_dir.parent / ".cache"
+    gym = CountingGym(make_gym(config.gym))
     observer: EpisodeObserver = NullObserver()
     monitor = None
     engine = None
@@ -338,11 +333,11 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             tasks = select_tasks(await gym.list_tasks(), args.tasks)  # the gym first: cheap
             model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
             processor = await asyncio.to_thread(load_processor, model_path)
-            engine = await load_engine(model_path, seed=args.seed or 0)
+            engine = await load_engine(model_path, seed=loaded.areal.seed)
             freeze_startup_heap()
-            if args.monitor or args.db:
+            if settings.monitor_db_url() or settings.monitor_url:
                 monitor = await lifecycle.enter_async_context(
-                    await _training_monitor(args, config, run_dir, model_path)
+                    await _training_monitor(loaded, run_dir, model_path)
                 )
                 monitor.tasks(tasks)
                 monitor.baseline_started(str(model_path), total_tasks=args.episodes)
@@ -378,19 +373,18 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return summary_json(total, gym.leaked)
 
 
-async def _training_monitor(
-    args: argparse.Namespace, config: AgentConfig, run_dir: Path, model_path: Path
-) -> Any:
+async def _training_monitor(loaded: LoadedConfig, run_dir: Path, model_path: Path) -> Any:
     """The lifecycle of this evaluation: its own training record (a fresh run name, so two
     evaluations in one run directory never merge) holding one baseline."""
     from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
     from cua_native.monitor.client.recorder import recorder_from_config
 
-    token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
+    settings, config = loaded.cua, loaded.cua.agent
+    token = settings.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
     recorder = await asyncio.to_thread(
         recorder_from_config,
-        args.db,
-        args.monitor,
+        settings.monitor_db_url(),
+        settings.monitor_url,
         token,
         run_dir,
         model_path=str(model_path),
@@ -405,15 +399,12 @@ async def _training_monitor(
     )
 
 
-def _with_seed(gym: GymConfig, seed: int | None) -> GymConfig:
-    return gym if seed is None else gym.model_copy(update={"seed": seed})
-
-
 def check_input(args: argparse.Namespace) -> None:
     """Everything about the command line that can be checked before loading anything:
     ``UsageError`` (one line) on the first problem."""
     try:
-        cli_checks.check_run_dir(args.run_dir or "runs")
+        if args.run_dir:
+            cli_checks.check_run_dir(args.run_dir)
         if args.db:
             cli_checks.check_db_url(args.db)
         if args.model:
@@ -429,10 +420,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         check_input(args)
-        from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from cua_native.config import ConfigError
+    from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
 
+    try:
+        loaded = build_config(args)
         tune_for_rollouts()
-        summary = asyncio.run(with_cpu_pool(amain(args)))
+        summary = asyncio.run(with_cpu_pool(amain(args, loaded)))
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

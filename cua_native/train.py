@@ -62,9 +62,6 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     from cua_native.config import ConfigError, load_config
 
     overrides = list(args.overrides)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"config error: override {item!r} is not of the form key=value")
     if args.model:
         overrides += [f"cua.agent.model_path={args.model}", f"actor.path={args.model}"]
     if args.run_dir:

@@ -6,9 +6,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from areal.api.cli_args import GenerationHyperparameters
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["mai_ui", "qwen3_vl"]
+
+
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "greedy")
+"""The ``SamplingConfig`` fields that ``GenerationHyperparameters`` carries under the same name."""
 
 
 class SamplingConfig(BaseModel):
@@ -25,26 +29,47 @@ class SamplingConfig(BaseModel):
     def to_gconfig(self, stop_token_ids: list[int]) -> GenerationHyperparameters:
         return GenerationHyperparameters(
             n_samples=1,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            greedy=self.greedy,
             stop_token_ids=list(stop_token_ids),
+            **{name: getattr(self, name) for name in SAMPLING_FIELDS},
         )
 
 
-class GymConfig(BaseModel):
-    """Which environment to run on: the embedded simulator or a gym server over HTTP."""
+class AdbConfig(BaseModel):
+    """How ``kind: adb`` reaches the devices the gym server hands out (``gym.adb.AdbGym``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["sim", "http"] = "sim"
+    host: str = "127.0.0.1"
+    """The ADB server (``adb start-server``) that sees the devices."""
+    port: int = Field(5037, ge=1, le=65535)
+    app_packages: dict[str, str] = Field(default_factory=dict)
+    """App name → Android package, for ``open_app``."""
+    keyboard: bool = False
+    """Type through the ADB keyboard IME (non-ASCII text) instead of ``input text``."""
+
+
+class GymConfig(BaseModel):
+    """Which environment to run on: the embedded simulator (``sim``), a gym server over HTTP
+    (``http``), or a gym server whose executions are Android devices driven over ADB (``adb``:
+    the server creates, evaluates and closes executions; observe and act go to the device)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["sim", "http", "adb"] = "sim"
     base_url: str | None = None
+    """The gym server (``http`` and ``adb``)."""
     gym_id: str = "sim"
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the gym client constructor (timeouts, allow-lists)."""
+    adb: AdbConfig = Field(default_factory=AdbConfig)
+    """ADB settings (``kind: adb`` only)."""
+
+    @model_validator(mode="after")
+    def _server_kinds_need_a_url(self) -> GymConfig:
+        if self.kind in ("http", "adb") and not self.base_url:
+            raise ValueError(f"kind '{self.kind}' needs base_url (the gym server's address)")
+        return self
 
 
 class AgentConfig(BaseModel):

@@ -56,16 +56,29 @@ def resolve_model_path(path: str | None, cache_dir: str | Path | None = None) ->
 
 
 def make_gym(config: GymConfig) -> Gym:
-    """The gym a ``GymConfig`` names: the embedded simulator or a gym server over HTTP."""
+    """The gym a ``GymConfig`` names: the embedded simulator, a gym server over HTTP, or that
+    server's devices driven over ADB."""
     if config.kind == "sim":
         from cua_native.gym.sim import SimGym
 
         return SimGym(seed=config.seed, **config.options)
     if not config.base_url:
-        raise ValueError("gym.kind 'http' needs gym.base_url")
+        raise ValueError(f"gym.kind '{config.kind}' needs gym.base_url")
     from cua_native.gym.http import HttpGym
 
-    return HttpGym(config.base_url, config.gym_id, **config.options)
+    server = HttpGym(config.base_url, config.gym_id, **config.options)
+    if config.kind == "http":
+        return server
+    from cua_native.gym.adb import AdbGym
+
+    adb = config.adb
+    return AdbGym(
+        server,
+        adb_host=adb.host,
+        adb_port=adb.port,
+        app_packages=dict(adb.app_packages),
+        adb_keyboard=adb.keyboard,
+    )
 
 
 def load_processor(model_path: str | Path) -> Any:

@@ -39,9 +39,10 @@ def _check(loaded: LoadedConfig) -> None:
             "config error: actor.path must name the model to train (a local directory or a "
             "Hugging Face id already in the cluster's cache)"
         )
-    if cua.agent.gym.kind != "http" or not cua.agent.gym.base_url:
+    if cua.agent.gym.kind not in ("http", "adb") or not cua.agent.gym.base_url:
         raise ConfigError(
-            "config error: cua.agent.gym must be kind 'http' with a base_url in cua.mode 'areal'"
+            "config error: cua.agent.gym must be kind 'http' or 'adb' with a base_url in "
+            "cua.mode 'areal'"
         )
     backend = areal.rollout.backend.split(":", 1)[0]
     if backend not in {"vllm", "sglang"}:
@@ -102,7 +103,9 @@ def plan_cluster_run(loaded: LoadedConfig) -> ClusterPlan:
         eval_rows=eval_rows,
         workflow_kwargs=workflow_kwargs(agent, source="step", observer_factory=WORKER_OBSERVER),
         eval_workflow_kwargs=workflow_kwargs(
-            agent, source="eval", observer_factory=WORKER_OBSERVER
+            agent.model_copy(update={"group_size": loaded.cua.eval_episodes_per_task}),
+            source="eval",
+            observer_factory=WORKER_OBSERVER,
         ),
         vllm_command=vLLMConfig.build_cmd(loaded.areal.vllm, tp_size=1, pp_size=1),
         worker_env=worker_env(loaded),

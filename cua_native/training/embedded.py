@@ -4,8 +4,10 @@ Per step: the workflow runs ``group_size`` episodes on each of ``batch_size`` ta
 in-process engine; AReaL's ``PPOActor`` (on ``LocalTrainEngine``) recomputes log-probs,
 computes advantages and runs the GRPO update; the new weights go to the engine in memory and
 its version is bumped, so the next step's tokens carry the new version. A baseline evaluation
-runs before training and an evaluation every ``cua.eval_every`` steps, all recorded in the
-monitor database under the run directory.
+runs before training and an evaluation every ``cua.eval_every`` steps (each
+``cua.eval_episodes_per_task`` episodes per eval task), all recorded in the monitor database
+under the run directory. Weights are saved every ``saver.freq_steps`` steps (AReaL's field) and
+at the end.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
     actor.ppo_update(advantages)
     actor.engine.lr_scheduler_step()
     return stats_tracker.export_all()
+
+
+def _version_dir(trainer_engine: Any) -> str:
+    """The checkpoint directory name of the trainer's current weights."""
+    return f"version-{trainer_engine.get_version()}"
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
@@ -238,7 +245,7 @@ class EmbeddedTrainer:
 
         def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
             return workflow_cls(
-                cua.agent,
+                cua.agent if source == "step" else cua.eval_agent(),
                 source=source,
                 gym=gym,
                 processor=processor,
@@ -294,6 +301,9 @@ class EmbeddedTrainer:
                 await asyncio.wrap_future(
                     engine.update_weights_from_state_dict(trainer_engine.state_dict(), version)
                 )
+            checkpoint = None
+            if areal.saver.freq_steps and (step + 1) % areal.saver.freq_steps == 0:
+                checkpoint = report.checkpoint = await self._save(trainer_engine, processor)
             summary.seconds = time.perf_counter() - started
             report.steps.append(summary)
             monitor.step_finished(
@@ -302,6 +312,9 @@ class EmbeddedTrainer:
                 reward_mean=summary.reward_mean,
                 reward_std=summary.reward_std,
                 num_trajectories=summary.episodes,
+                learning_rate=areal.actor.optimizer.lr,
+                grad_norm=summary.grad_norm,
+                checkpoint_path=str(checkpoint) if checkpoint is not None else None,
                 metrics={
                     "success_rate": summary.success_rate,
                     "rejected_groups": summary.rejected_groups,
@@ -325,7 +338,8 @@ class EmbeddedTrainer:
                     tally,
                     task_row,
                 )
-        report.checkpoint = await self._save(trainer_engine, processor)
+        if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
+            report.checkpoint = await self._save(trainer_engine, processor)
         return report
 
     async def _run_eval(
@@ -368,7 +382,7 @@ class EmbeddedTrainer:
     async def _save(self, trainer_engine: Any, processor: Any) -> Path:
         from areal.api.io_struct import SaveLoadMeta
 
-        path = self.run_dir / "checkpoints" / f"version-{trainer_engine.get_version()}"
+        path = self.run_dir / "checkpoints" / _version_dir(trainer_engine)
         meta = SaveLoadMeta(
             path=str(path), weight_format="hf", with_optim=False, processor=processor
         )

@@ -172,3 +172,30 @@ async def test_adb_device_without_an_adb_server_is_a_gym_error() -> None:
     device = AdbDevice("emulator-5554", port=port, command_timeout_s=2.0)
     with pytest.raises(AdbCommandError, match="emulator-5554"):
         await device.shell(["input", "tap", "1", "1"])
+
+
+async def test_kind_adb_in_the_config_builds_an_adb_gym_on_the_server(toy, serve, tmp_path) -> None:
+    from cua_native.config import load_config
+    from cua_native.gym.adb import AdbGym
+    from cua_native.gym.http import HttpGym
+    from cua_native.gym.protocol import GymError
+    from cua_native.gym.server import create_app
+    from cua_native.rollout.factories import make_gym
+
+    app = create_app({"toy": toy})
+    async with serve(app) as url:
+        config = tmp_path / "adb.yaml"
+        config.write_text(
+            "cua:\n  agent:\n    gym:\n      kind: adb\n"
+            f"      base_url: {url}\n      gym_id: toy\n"
+            "      adb:\n        port: 5038\n"
+            "        app_packages: {Settings: com.android.settings}\n"
+        )
+        gym = make_gym(load_config(config).cua.agent.gym)
+        assert isinstance(gym, AdbGym) and isinstance(gym.inner, HttpGym)
+        assert (gym.adb_host, gym.adb_port) == ("127.0.0.1", 5038)
+        assert gym.app_packages == {"Settings": "com.android.settings"}
+        with pytest.raises(GymError, match="device_serial"):
+            await gym.start(await gym.get_task("task-001"))
+        await gym.aclose()
+        assert toy.close_calls == {"ex-1": 1}

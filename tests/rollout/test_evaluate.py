@@ -38,6 +38,7 @@ def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path
     assert set(summary["parse_errors"]) >= {"format", "tool_name", "tool_arg"}
     assert {"success_rate", "turns_mean", "token_mismatches"} <= set(summary)
     assert any(line.startswith("TOTAL") for line in out)
+    assert (tmp_path / "monitor.db").is_file(), "recorded where the config says (cua.monitor_db)"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +62,24 @@ def test_bad_config_field(tmp_path: Path, capsys) -> None:
     config.write_text("max_turns: -1\n")
     assert main(["--config", str(config), "--no-progress"]) == 2
     assert "max_turns" in capsys.readouterr().err
+
+
+def test_reads_the_training_config_through_the_one_loader(
+    tiny_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """``configs/default.yaml`` (the training config) is what evaluate reads; its ``cua.agent``
+    runs the episodes, and overrides reach it like ``train``'s."""
+    default = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+    argv = ["--config", str(default), "--model", str(tiny_dir), "--run-dir", str(tmp_path)]
+    flags = ["--episodes", "1", "--json", "--no-progress"]
+    code = main([*argv, *flags, "cua.agent.max_turns=1", "cua.monitor_db=null"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and summary["episodes"] == 1 and summary["leaked_executions"] == 0
+    assert summary["turns_mean"] <= 1
+    assert not (tmp_path / "monitor.db").exists()
+    assert main([*argv, *flags, "cua.agent.max_turnz=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Did you mean 'max_turns'?" in err[0]
 
 
 def test_task_selection() -> None:

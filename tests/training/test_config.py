@@ -55,10 +55,13 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("actor.eps_clipp=0.1", "Did you mean 'eps_clip'?"),
         ("total_train_steps=abc", "total_train_steps"),
         ("gconfig.n_samples=4", "gconfig.n_samples must be 1"),
-        ("cua.agent.gym.kind=ftp", "Input should be 'sim' or 'http'"),
+        ("cua.agent.gym.kind=ftp", "Input should be 'sim', 'http' or 'adb'"),
         ("cua.mode=areal", "needs a gym server"),
+        ("cua.agent.gym.kind=adb", "cua.agent.gym: Value error, kind 'adb' needs base_url"),
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
-        ("actor.temperature=0.9", "must equal cua.agent.sampling.temperature"),
+        ("actor.temperature=0.9", "derived from cua.agent.sampling.temperature"),
+        ("gconfig.max_new_tokens=9", "derived from cua.agent.sampling.max_new_tokens"),
+        ("cua.checkpoint_every=3", "It moved to saver.freq_steps"),
     ],
 )
 def test_a_wrong_field_gives_one_error_naming_it(override: str, expected: str) -> None:
@@ -105,3 +108,36 @@ def test_cli_flags_become_overrides(tmp_path: Path) -> None:
     assert loaded.cua.agent.group_size == 3
     with pytest.raises(ConfigError, match="key=value"):
         build_config(parse_args(["notanoverride"]))
+
+
+def test_an_error_names_the_file_that_set_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("cua:\n  agent:\n    max_turnz: 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(config)
+    message = str(error.value)
+    assert "cua.agent.max_turnz" in message and "Did you mean 'max_turns'?" in message
+    assert f"(set in {config})" in message
+    with pytest.raises(ConfigError, match=r"\(set in the command line\)"):
+        load_config(config, ["cua.agent.max_turnz=4"])
+
+
+def test_an_explicit_null_is_kept() -> None:
+    """``monitor_db: null`` means no store (it used to fall back to the ``sqlite`` default)."""
+    assert load_config(CONFIGS[0].parent / "mai_ui_android.yaml").cua.monitor_db is None
+    assert load_config(overrides=["cua.monitor_db=null"]).cua.monitor_db_url() is None
+    assert load_config().cua.monitor_db == "sqlite"
+
+
+@pytest.mark.parametrize(("temperature", "trained"), [(0.6, 0.6), (0.0, 1.0)])
+def test_sampling_is_the_one_place_temperatures_come_from(
+    temperature: float, trained: float
+) -> None:
+    loaded = load_config(
+        overrides=[f"cua.agent.sampling.temperature={temperature}", "cua.agent.sampling.top_k=7"]
+    )
+    assert loaded.areal.actor.temperature == trained
+    for gconfig in (loaded.areal.gconfig, loaded.areal.eval_gconfig):
+        assert gconfig is not None
+        assert (gconfig.temperature, gconfig.top_k) == (temperature, 7)
+        assert gconfig.max_new_tokens == loaded.cua.agent.sampling.max_new_tokens

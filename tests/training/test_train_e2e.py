@@ -38,6 +38,8 @@ def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "cua.tasks.limit=2",
         "cua.eval_tasks.limit=1",
         "train_dataset.batch_size=1",
+        "saver.freq_steps=1",
+        "cua.eval_episodes_per_task=3",
         *extra,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -54,6 +56,7 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     assert (run_dir / "reward_curve.png").stat().st_size > 0
     checkpoint = run_dir / "checkpoints" / "version-2"
     assert (checkpoint / "config.json").is_file(), "two steps → weights version 2 saved"
+    assert (run_dir / "checkpoints" / "version-1" / "config.json").is_file(), "saver.freq_steps=1"
 
     db = create_engine(f"sqlite:///{run_dir / 'monitor.db'}")
     with db.connect() as c:
@@ -63,6 +66,8 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
         actions = c.execute(text("select tokens, logprobs, num_tokens from action")).all()
         screenshots = c.execute(text("select count(*) from obs")).scalar_one()
         baselines = c.execute(text("select status from baseline")).all()
+        checkpoints = c.execute(text("select checkpoint_path from step order by step")).scalars()
+        checkpoints = list(checkpoints)
     assert status == "completed"
     assert [(s, st) for s, st, _ in steps] == [(0, "completed"), (1, "completed")]
     assert all(r is not None for _, _, r in steps)
@@ -76,6 +81,8 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     assert all(lp <= 0.0 for lp in logprobs)
     assert screenshots > 0
     assert [b for (b,) in baselines] == ["completed"]
+    assert sum(s == "baseline" for s, _ in rollouts) == 3, "eval_episodes_per_task on 1 eval task"
+    assert checkpoints == [str(run_dir / "checkpoints" / f"version-{v}") for v in (1, 2)]
 
 
 def test_wrong_config_stops_before_anything_starts(tmp_path: Path) -> None:
@@ -134,7 +141,10 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
         plan.workflow_kwargs["source"] == "step" and plan.eval_workflow_kwargs["source"] == "eval"
     )
     assert plan.workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
-    assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.client.worker.observer_from_env"
+    assert (
+        plan.workflow_kwargs["observer_factory"]
+        == "cua_native.monitor.client.worker.observer_from_env"
+    )
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
     assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
     assert plan.worker_env["MALLOC_ARENA_MAX"] == "1"
@@ -145,3 +155,4 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
     workflow = import_from_string(WORKFLOW_PATH)(**plan.workflow_kwargs)
     assert workflow.config.gym.base_url == sim_server
     assert workflow.config.group_size == 8
+    assert plan.eval_workflow_kwargs["config"]["group_size"] == loaded.cua.eval_episodes_per_task
