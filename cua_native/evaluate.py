@@ -128,6 +128,8 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     """The training config (``--config``, default ``configs/default.yaml``) through the one
     loader, with the command-line flags and ``key=value`` overrides on top."""
     overrides = list(args.overrides)
+    if args.gym_url:  # an HTTP gym: the config's (simulator) options do not apply to it
+        overrides.insert(0, "cua.agent.gym.options=null")
     if args.model:
         overrides.append(f"cua.agent.model_path={args.model}")
     if args.family:
@@ -295,7 +297,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="last line: a JSON summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
     if args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
     if args.concurrency < 1:

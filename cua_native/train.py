@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
 
 
 def check_input(args: argparse.Namespace) -> None:
@@ -59,7 +59,7 @@ def check_input(args: argparse.Namespace) -> None:
 
 
 def build_config(args: argparse.Namespace) -> LoadedConfig:
-    from cua_native.config import ConfigError, load_config
+    from cua_native.config import load_config
 
     overrides = list(args.overrides)
     if args.model:
