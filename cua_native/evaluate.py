@@ -2,40 +2,38 @@
 
 Prints a table per task and in total; ``--json`` makes the LAST line one JSON object with
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
-kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed: 0).
+kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
+an HTTP gym server that lists its executions still holds from this run: 0).
 It reads the training config through the same loader as ``train`` (``--config``, default
 ``configs/default.yaml``; its ``cua.agent`` is the agent, its monitor settings say where episodes
 are recorded); flags and trailing ``key=value`` arguments override it. With no options it runs the
 embedded default: SimGym, the tiny Qwen3-VL (built once, cached), the in-process engine on CPU.
+Bad input (URLs, paths, the database) is one line and a non-zero exit before anything heavy is
+imported; every episode rejected is a non-zero exit too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
-from cua_native.config import ConfigError, LoadedConfig, load_config
-from cua_native.gym.protocol import Execution, Gym, Task
-from cua_native.rollout.config import AgentConfig
-from cua_native.rollout.episode import EpisodeRun, run_with_retry
-from cua_native.rollout.factories import (
-    load_engine,
-    load_processor,
-    make_agent,
-    make_gym,
-    resolve_model_path,
-)
+from cua_native import cli_checks
+from cua_native.gym.protocol import Execution, Gym, GymError, Task
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, EpisodeTally, NullObserver
-from cua_native.rollout.runtime import freeze_startup_heap, tune_for_rollouts, with_cpu_pool
+
+if TYPE_CHECKING:  # the rollout stack imports AReaL and torch: only once the input is checked
+    from cua_native.config import LoadedConfig
+    from cua_native.rollout.config import AgentConfig
+    from cua_native.rollout.episode import EpisodeRun
 
 
 class UsageError(ValueError):
@@ -53,7 +51,10 @@ class CountingGym:
 
     @property
     def leaked(self) -> int:
-        return self.started - self.closed
+        """Executions started and never closed; after ``aclose``, what a server that lists its
+        executions still holds from this run's creates (orphans of timed-out creates too)."""
+        held = getattr(self.inner, "held_at_close", None)
+        return held if isinstance(held, int) else self.started - self.closed
 
     async def list_tasks(self) -> list[Task]:
         return await self.inner.list_tasks()
@@ -125,6 +126,8 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     """The training config (``--config``, default ``configs/default.yaml``) through the one
     loader, with the command-line flags and ``key=value`` overrides on top."""
     overrides = list(args.overrides)
+    if args.gym_url:  # an HTTP gym: the config's (simulator) options do not apply to it
+        overrides.insert(0, "cua.agent.gym.options=null")
     if args.model:
         overrides.append(f"cua.agent.model_path={args.model}")
     if args.family:
@@ -143,6 +146,8 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
         overrides.append(f"cua.monitor_url={args.monitor}")
     if args.monitor_token:
         overrides.append(f"cua.monitor_token={args.monitor_token}")
+    from cua_native.config import load_config
+
     return load_config(args.config, overrides)
 
 
@@ -159,6 +164,11 @@ async def evaluate(
     progress: bool = True,
 ) -> list[tuple[Task, EpisodeRun]]:
     """Run ``episodes`` episodes, round-robin over ``tasks``, at most ``concurrency`` at once."""
+    from tqdm import tqdm
+
+    from cua_native.rollout.episode import run_with_retry
+    from cua_native.rollout.factories import make_agent
+
     agent = make_agent(config, processor)
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=episodes, file=sys.stderr, disable=not progress, desc="episodes")
@@ -251,93 +261,138 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="last line: a JSON summary")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
     if args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
     if args.concurrency < 1:
         raise UsageError("--concurrency must be >= 1")
     if args.gym_id and not args.gym_url and not args.config:
         raise UsageError("--gym-id needs --gym-url")
+    if args.monitor:
+        from cua_native.monitor.client.sinks import check_monitor_url
+
+        try:
+            check_monitor_url(args.monitor)
+        except ValueError as error:
+            raise UsageError(f"--monitor: {error}") from None
     return args
 
 
 async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any]:
+    from cua_native.rollout.factories import (
+        load_engine,
+        load_processor,
+        make_gym,
+        resolve_model_path,
+    )
+    from cua_native.rollout.runtime import freeze_startup_heap
+
     config, settings = loaded.cua.agent, loaded.cua
     run_dir = settings.run_dir
     cache_dir = run_dir.parent / ".cache"
-    model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
     gym = CountingGym(make_gym(config.gym))
     observer: EpisodeObserver = NullObserver()
-    recorder = None
+    monitor = None
     engine = None
-    try:
-        tasks = select_tasks(await gym.list_tasks(), args.tasks)
-        processor = await asyncio.to_thread(load_processor, model_path)
-        engine = await load_engine(model_path, seed=loaded.areal.seed)
-        freeze_startup_heap()
-        if settings.monitor_db_url() or settings.monitor_url:
-            from cua_native.monitor.client.recorder import recorder_from_config
-
-            token = settings.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
-            recorder = await asyncio.to_thread(
-                recorder_from_config,
-                settings.monitor_db_url(),
-                settings.monitor_url,
-                token,
-                run_dir,
-                model_path=str(model_path),
+    async with contextlib.AsyncExitStack() as lifecycle:
+        try:
+            tasks = select_tasks(await gym.list_tasks(), args.tasks)  # the gym first: cheap
+            model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
+            processor = await asyncio.to_thread(load_processor, model_path)
+            engine = await load_engine(model_path, seed=loaded.areal.seed)
+            freeze_startup_heap()
+            if settings.monitor_db_url() or settings.monitor_url:
+                monitor = await lifecycle.enter_async_context(
+                    await _training_monitor(loaded, run_dir, model_path)
+                )
+                monitor.tasks(tasks)
+                monitor.baseline_started(str(model_path), total_tasks=args.episodes)
+                observer = monitor.recorder
+            results = await evaluate(
+                config,
+                tasks,
+                gym=gym,
+                engine=engine,
+                processor=processor,
+                episodes=args.episodes,
+                concurrency=args.concurrency,
+                observer=observer,
+                progress=not args.no_progress,
             )
-            await recorder.start()
-            recorder.training_started(
-                model_name=str(model_path),
-                config={"evaluate": config.model_dump(mode="json")},
-                total_steps=0,
-                log_path=str(run_dir),
-            )
-            recorder.tasks_registered(tasks)
-            recorder.baseline_started(str(model_path), total_tasks=args.episodes)
-            observer = recorder
-        results = await evaluate(
-            config,
-            tasks,
-            gym=gym,
-            engine=engine,
-            processor=processor,
-            episodes=args.episodes,
-            concurrency=args.concurrency,
-            observer=observer,
-            progress=not args.no_progress,
-        )
-        if recorder is not None:
-            done = EpisodeTally()
-            for _, run in results:
-                done.episode_finished(run.record)
-            recorder.baseline_finished(
-                success_rate=done.success_rate,
-                avg_reward=done.reward_mean,
-                avg_turns=done.turns_mean,
-                successful_tasks=done.successes,
-                completed_tasks=done.completed,
-            )
-            recorder.training_finished("completed")
-    except BaseException as error:
-        if recorder is not None:
-            recorder.training_failed(error)
-        raise
-    finally:
-        if recorder is not None:
-            await recorder.aclose()
-        if engine is not None:
-            await asyncio.to_thread(engine.destroy)
-        await gym.aclose()
+            if monitor is not None:
+                done = EpisodeTally()
+                for _, run in results:
+                    done.episode_finished(run.record)
+                monitor.baseline_finished(
+                    success_rate=done.success_rate,
+                    avg_reward=done.reward_mean,
+                    avg_turns=done.turns_mean,
+                    successful_tasks=done.successes,
+                    completed_tasks=done.completed,
+                )
+        finally:
+            if engine is not None:
+                await asyncio.to_thread(engine.destroy)
+            await gym.aclose()
     table, total = render_table(results)
     print(table)
     return summary_json(total, gym.leaked)
 
 
+async def _training_monitor(loaded: LoadedConfig, run_dir: Path, model_path: Path) -> Any:
+    """The lifecycle of this evaluation: its own training record (a fresh run name, so two
+    evaluations in one run directory never merge) holding one baseline."""
+    from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
+    from cua_native.monitor.client.recorder import recorder_from_config
+
+    settings, config = loaded.cua, loaded.cua.agent
+    token = settings.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
+    recorder = await asyncio.to_thread(
+        recorder_from_config,
+        settings.monitor_db_url(),
+        settings.monitor_url,
+        token,
+        run_dir,
+        model_path=str(model_path),
+        run_name=new_run_name(f"evaluate_{run_dir.name or 'run'}"),
+    )
+    return TrainingMonitor(
+        recorder,
+        model_name=str(model_path),
+        config={"evaluate": config.model_dump(mode="json")},
+        total_steps=0,
+        log_path=str(run_dir),
+    )
+
+
+def check_input(args: argparse.Namespace) -> None:
+    """Everything about the command line that can be checked before loading anything:
+    ``UsageError`` (one line) on the first problem."""
+    try:
+        if args.run_dir:
+            cli_checks.check_run_dir(args.run_dir)
+        if args.db:
+            cli_checks.check_db_url(args.db)
+        if args.model:
+            cli_checks.check_model_dir(args.model)
+        if args.gym_url:
+            url = cli_checks.check_http_url(args.gym_url, "--gym-url")
+            cli_checks.check_gym_reachable(url, args.gym_id or "sim")
+    except cli_checks.BadInput as error:
+        raise UsageError(str(error)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        check_input(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from cua_native.config import ConfigError
+    from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
+
+    try:
         loaded = build_config(args)
         tune_for_rollouts()
         summary = asyncio.run(with_cpu_pool(amain(args, loaded)))
@@ -347,11 +402,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, GymError) as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as error:
+        print(f"evaluate: stopped ({error or 'interrupted'})", file=sys.stderr)
+        return 143 if "SIGTERM" in str(error) else 130
     if args.json:
         print(json.dumps(summary, sort_keys=True))
+    if summary["episodes"] and summary["rejected"] == summary["episodes"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in summary.get("reject_reasons", {}).items())
+        print(f"error: every episode was rejected ({reasons or 'infrastructure'})", file=sys.stderr)
+        return 1
     return 0 if summary["leaked_executions"] == 0 else 1
 
 

@@ -16,8 +16,12 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from cua_native.config import ConfigError, LoadedConfig, load_config
+from cua_native import cli_checks
+
+if TYPE_CHECKING:  # the config loader imports AReaL: only once the command line is checked
+    from cua_native.config import LoadedConfig
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -38,10 +42,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
+
+
+def check_input(args: argparse.Namespace) -> None:
+    """Options checkable before importing or loading anything (``BadInput``, one line)."""
+    if args.model:
+        cli_checks.check_model_dir(args.model)
+    if args.device:
+        cli_checks.check_device(args.device)
+    cli_checks.check_positive(args.steps, "--steps")
+    if args.run_dir:
+        cli_checks.check_run_dir(args.run_dir)
+    if args.monitor:
+        cli_checks.check_http_url(args.monitor, "--monitor")
 
 
 def build_config(args: argparse.Namespace) -> LoadedConfig:
+    from cua_native.config import load_config
+
     overrides = list(args.overrides)
     if args.model:
         overrides += [f"cua.agent.model_path={args.model}", f"actor.path={args.model}"]
@@ -64,7 +83,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_input(args)
+    except cli_checks.BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from cua_native.config import ConfigError
+
+    try:
         loaded = build_config(args)
+        if loaded.cua.monitor_url:
+            from cua_native.monitor.client.sinks import check_monitor_url
+
+            try:
+                check_monitor_url(loaded.cua.monitor_url)
+            except ValueError as error:
+                raise ConfigError(f"config error: cua.monitor_url: {error}") from None
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -85,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tune_for_rollouts()
     trainer = EmbeddedTrainer(loaded, progress=not args.no_progress)
-    report = asyncio.run(with_cpu_pool(trainer.run()))
+    try:
+        report = asyncio.run(with_cpu_pool(trainer.run()))
+    except (KeyboardInterrupt, asyncio.CancelledError) as error:
+        print(f"train: stopped ({error or 'interrupted'}); recorded as cancelled", file=sys.stderr)
+        return 143 if "SIGTERM" in str(error) else 130
     print_report(report)
     return 0
 

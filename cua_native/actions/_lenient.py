@@ -45,10 +45,12 @@ class Failure(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Thinking:
-    """The reasoning part of an output and the text after it."""
+    """The reasoning part of an output, the text after it, and any text before it."""
 
     thought: str | None
     rest: str
+    before: str = ""
+    """Text before the thinking block (e.g. a ``<tool_call>`` written ahead of it)."""
 
 
 def clean_thought(text: str | None) -> str | None:
@@ -60,34 +62,53 @@ def clean_thought(text: str | None) -> str | None:
 
 
 def split_thinking(text: str, open_tags: tuple[str, ...], close_tags: tuple[str, ...]) -> Thinking:
-    """Split ``<thinking>…</thinking>`` (or a bare ``…</think>``) from the rest.
+    """Split the thinking block (``<thinking>…</thinking>``, or ``…</think>`` with the opening tag
+    prefilled by the chat template) from the rest.
 
-    The opening tag is optional (thinking chat templates prefill it); without any tag there is no
-    thinking block. An opened block that never closes is accepted when a ``<tool_call>`` follows,
-    and is a truncated output otherwise.
+    Contract (as MAI-UI's and Qwen-Agent's own parsers read it):
+    - the block runs from the earliest tag to the first closing tag after it; a ``<tool_call>``
+      inside it is reasoning, never the action: calls are read from ``rest`` only;
+    - tags inside a tool call (``</think>`` typed as text) are not a block: a block counts when it
+      starts before the first ``<tool_call>`` or a ``<tool_call>`` follows it;
+    - a block that opens before any tool call and never closes is a truncated output
+      (``Failure("format")``), even when a ``<tool_call>`` follows inside it;
+    - without any tag there is no thinking block.
     """
     first_call = _OPEN_CALL_RE.search(text)
-    head_end = first_call.start() if first_call is not None else len(text)
-    close_at, close_len = _first_of(text[:head_end], close_tags)
-    if close_at >= 0:
-        head = text[:close_at]
-        open_at, open_len = _first_of(head, open_tags)
-        if open_at >= 0:
-            head = head[open_at + open_len :]
-        return Thinking(clean_thought(head), text[close_at + close_len :])
+    call_at = first_call.start() if first_call is not None else len(text)
     open_at, open_len = _first_of(text, open_tags)
-    if open_at < 0:
+    close_at, close_len = _first_of(text, close_tags)
+    if open_at >= 0 and (close_at < 0 or open_at < close_at):
+        anchor, body_start = open_at, open_at + open_len
+        close_at, close_len = _first_of(text, close_tags, body_start)
+        if close_at < 0:
+            if open_at < call_at:
+                raise Failure("format", "output ends inside the thinking block (truncated?)")
+            return Thinking(None, text)
+    elif close_at >= 0:
+        open_at, anchor, body_start = 0, close_at, 0
+    else:
         return Thinking(None, text)
-    if first_call is None or first_call.start() < open_at:
-        raise Failure("format", "output ends inside the thinking block (truncated?)")
-    return Thinking(clean_thought(text[open_at + open_len : head_end]), text[head_end:])
+    rest_at = close_at + close_len
+    if anchor > call_at and _OPEN_CALL_RE.search(text, rest_at) is None:
+        return Thinking(None, text)  # tags inside the (last) tool call, not a thinking block
+    return Thinking(clean_thought(text[body_start:close_at]), text[rest_at:], text[:open_at])
 
 
-def _first_of(text: str, needles: tuple[str, ...]) -> tuple[int, int]:
-    """Position and length of the earliest of ``needles`` in ``text`` (``-1`` if none)."""
+def calls_before(thinking: Thinking, warnings: list[str]) -> int:
+    """``<tool_call>`` blocks written ahead of the thinking block: ignored (the action is the call
+    after the block, as upstream reads it), counted and warned about."""
+    count = len(_OPEN_CALL_RE.findall(thinking.before)) if thinking.before else 0
+    if count:
+        warnings.append(f"ignored {count} <tool_call> block(s) before the thinking block")
+    return count
+
+
+def _first_of(text: str, needles: tuple[str, ...], start: int = 0) -> tuple[int, int]:
+    """Position and length of the earliest of ``needles`` in ``text[start:]`` (``-1`` if none)."""
     best, length = -1, 0
     for needle in needles:
-        at = text.find(needle)
+        at = text.find(needle, start)
         if at >= 0 and (best < 0 or at < best):
             best, length = at, len(needle)
     return best, length

@@ -4,7 +4,10 @@ Navigation output: ``<thinking>…</thinking>`` (or a bare ``…</think>``), the
 ``<tool_call>{"name": "mobile_use", "arguments": {"action": ...}}</tool_call>``; any other
 top-level name is an MCP call, kept as a canonical ``tool_call`` under its own name (the
 reference parser drops the name). Grounding output:
-``<grounding_think>…</grounding_think><answer>{"coordinate": [x, y]}</answer>`` → ``click``.
+``<grounding_think>…</grounding_think><answer>{"coordinate": [x, y]}</answer>`` → ``click``;
+``mai_ui`` reads both forms (an output with ``<answer>`` or ``<grounding_think>`` and no
+``<tool_call>`` is grounding output), ``mai_ui_grounding`` is the same parser whose ``format``
+writes the grounding form.
 Points are integers on the 0–999 grid of the screenshot the model saw (``MAI_GRID``); a
 4-number box is reduced to its centre.
 
@@ -16,6 +19,7 @@ name. Grid values are rounded, not truncated, so ``parse(format(a))`` is within 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +27,7 @@ from cua_native.actions._arguments import CoordinateSpace, action_from_call, poi
 from cua_native.actions._lenient import (
     Failure,
     bare_call,
+    calls_before,
     clean_thought,
     load_object,
     split_thinking,
@@ -55,6 +60,7 @@ _GROUNDING_OPEN = "<grounding_think>"
 _GROUNDING_CLOSE = "</grounding_think>"
 _ANSWER_OPEN = "<answer>"
 _ANSWER_CLOSE = "</answer>"
+_TOOL_CALL_RE = re.compile(r"<\s*tool_call\s*>", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +95,14 @@ class MaiUiDialect:
         thought: str | None = None
         space = CoordinateSpace(self.scale, self.scale, f"0-{self.scale} grid")
         try:
-            if self.grounding:
+            if self.grounding or is_grounding_output(text):
                 thought = _grounding_thought(text)
                 action = _grounding_action(text, space, warnings)
                 return ParsedOutput(action=action, thought=thought, warnings=tuple(warnings))
             thinking = split_thinking(text.strip(), _THINK_OPEN, _THINK_CLOSE)
             thought = thinking.thought
             blocks = tool_call_blocks(thinking.rest)
+            skipped = calls_before(thinking, warnings)
             if thought is None and blocks.bodies:
                 thought = clean_thought(blocks.prefix)
             if blocks.bodies:
@@ -108,7 +115,7 @@ class MaiUiDialect:
                     raise Failure("format", _no_call_message(thinking.rest))
                 call = found
             action = action_from_call(call, _GUI_TOOLS, space, warnings)
-            extra = max(0, len(blocks.bodies) - 1)
+            extra = max(0, len(blocks.bodies) - 1) + skipped
             return ParsedOutput(
                 action=action, thought=thought, extra_calls=extra, warnings=tuple(warnings)
             )
@@ -162,6 +169,13 @@ def _no_call_message(rest: str) -> str:
     if not rest.strip():
         return "empty output: no <tool_call> block"
     return "no <tool_call> block in the output"
+
+
+def is_grounding_output(text: str) -> bool:
+    """MAI-UI grounding output (``<answer>`` or ``<grounding_think>``, no ``<tool_call>``)."""
+    if _TOOL_CALL_RE.search(text) is not None:
+        return False
+    return _ANSWER_OPEN in text or _GROUNDING_OPEN in text
 
 
 def _grounding_thought(text: str) -> str | None:

@@ -31,7 +31,7 @@ from cua_native.actions._arguments import CoordinateSpace, MissingSpace, Space, 
 from cua_native.actions._lenient import (
     Failure,
     bare_call,
-    clean_thought,
+    calls_before,
     load_object,
     split_thinking,
     tool_call_blocks,
@@ -69,7 +69,7 @@ _THINK_OPEN = ("<think>", "<thinking>")
 _THINK_CLOSE = ("</think>", "</thinking>")
 _THOUGHT = "Thought:"
 _ACTION = "Action:"
-_QUOTES = "\"'“”"
+_QUOTE_PAIRS = frozenset({('"', '"'), ("'", "'"), ("“", "”")})
 _COMPUTER_POINTERS: dict[type, str] = {
     Click: "left_click",
     DoubleClick: "double_click",
@@ -140,6 +140,7 @@ class Qwen3VLDialect:
             space = self._space(tuple(image_size) if image_size is not None else None)  # type: ignore[arg-type]
             thinking = split_thinking(text.strip(), _THINK_OPEN, _THINK_CLOSE)
             blocks = tool_call_blocks(thinking.rest)
+            skipped = calls_before(thinking, warnings)
             line_thought, summary = _thought_and_action(blocks.prefix if blocks.bodies else "")
             thought = _join(thinking.thought, line_thought)
             if blocks.bodies:
@@ -158,7 +159,7 @@ class Qwen3VLDialect:
                 action=action,
                 thought=thought,
                 summary=summary,
-                extra_calls=max(0, len(blocks.bodies) - 1),
+                extra_calls=max(0, len(blocks.bodies) - 1) + skipped,
                 warnings=tuple(warnings),
             )
         except Failure as failure:
@@ -302,18 +303,30 @@ def _with_time(args: dict[str, Any], seconds: float | None) -> dict[str, Any]:
 
 
 def _thought_and_action(prefix: str) -> tuple[str | None, str | None]:
-    """``Thought:`` and ``Action:`` lines before the first tool call; free text is a thought."""
+    """``Thought:`` and ``Action:`` lines before the first tool call; free text is a thought.
+
+    Each value loses one pair of wrapping quotes (``"…"``, ``'…'``, ``“…”``), never a quote on
+    one end only: ``Action: Type 'hello'`` keeps its text.
+    """
     thought_at = prefix.find(_THOUGHT)
     action_at = prefix.find(_ACTION)
     summary: str | None = None
     if action_at >= 0:
-        summary = clean_thought(prefix[action_at + len(_ACTION) :].strip().strip(_QUOTES))
+        summary = unquote(prefix[action_at + len(_ACTION) :])
     if thought_at >= 0:
         end = action_at if action_at > thought_at else len(prefix)
-        return clean_thought(prefix[thought_at + len(_THOUGHT) : end]), summary
+        return unquote(prefix[thought_at + len(_THOUGHT) : end]), summary
     if action_at >= 0:
-        return clean_thought(prefix[:action_at]), summary
-    return clean_thought(prefix), summary
+        return unquote(prefix[:action_at]), summary
+    return unquote(prefix), summary
+
+
+def unquote(text: str) -> str | None:
+    """``text`` stripped, without one pair of matching wrapping quotes; empty → ``None``."""
+    text = text.strip()
+    if len(text) >= 2 and (text[0], text[-1]) in _QUOTE_PAIRS:
+        text = text[1:-1].strip()
+    return text or None
 
 
 def _join(first: str | None, second: str | None) -> str | None:

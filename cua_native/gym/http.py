@@ -6,7 +6,9 @@ and 5xx; an action POST never is (it could run twice). A request that never reac
 (connect error, pool timeout) is retried on any route.
 
 Creating an execution is the delicate part: a create that timed out may still have created one.
-- Against genv (default, ``idempotent_create=False``) the create is sent once; on a timeout the
+``idempotent_create="auto"`` (the default) asks the server's capabilities route once, before the
+first create: cua_native's server says it supports idempotent creates, genv answers 404 (no).
+- Against genv (``idempotent_create=False``) the create is sent once; on a timeout the
   client raises ``GymTimeout`` and cannot learn the execution id, so it cannot terminate it.
 - Against cua_native's server (``idempotent_create=True``) the options carry a client-generated
   ``client_request_id`` and ``client_deadline_s``: a retry with the same id returns the SAME
@@ -14,6 +16,9 @@ Creating an execution is the delicate part: a create that timed out may still ha
   So the client retries a timed-out create safely, and if the caller is cancelled mid-create it
   reclaims the execution in the background (re-create with the same id, then terminate).
 ``HttpExecution.close`` terminates exactly once (shielded from cancellation, retried, never raises).
+``held_executions`` asks a server that lists its executions how many of this client's creates it
+still holds (the honest leak count). ``auth_token`` (or the environment variable named by
+``auth_token_env``) is sent as ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -140,11 +146,22 @@ class HttpGym:
         retries: RetryPolicy | Mapping[str, Any] = RetryPolicy(),
         routes: StepRoutes | Mapping[str, str] = StepRoutes(),
         allowed_media_domains: Sequence[str] = (),
-        idempotent_create: bool = False,
+        idempotent_create: bool | Literal["auto"] = "auto",
         max_connections: int = 64,
+        auth_token: str | None = None,
+        auth_token_env: str | None = None,
     ) -> None:
         if not gym_id:
             raise ValueError("gym_id must be a non-empty string")
+        if idempotent_create not in (True, False, "auto"):
+            raise ValueError(
+                f"idempotent_create must be true, false or 'auto', got {idempotent_create!r}"
+            )
+        if auth_token_env is not None:
+            auth_token = os.environ.get(auth_token_env)
+            if not auth_token:
+                raise ValueError(f"auth_token_env: environment variable {auth_token_env} is unset")
+        self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self.base_url = base_url.rstrip("/")
         self.gym_id = gym_id
         self.timeouts = timeouts if isinstance(timeouts, GymTimeouts) else GymTimeouts(**timeouts)
@@ -156,7 +173,10 @@ class HttpGym:
         self.retries = retries
         self.routes = routes if isinstance(routes, StepRoutes) else StepRoutes(**routes)
         self.allowed_media_domains = tuple(allowed_media_domains)
-        self.idempotent_create = idempotent_create
+        self.idempotent_create: bool | Literal["auto"] = idempotent_create
+        self._capabilities: dict[str, Any] | None = None
+        self._capabilities_lock = asyncio.Lock()
+        self._request_ids: set[str] = set()
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             limits=httpx.Limits(
@@ -165,6 +185,9 @@ class HttpGym:
         )
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.held_at_close: int | None = None
+        """Set by ``aclose``: executions the server still held from this client's creates, once
+        every terminate had run (``None``: unknown, e.g. genv)."""
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -191,7 +214,7 @@ class HttpGym:
             error: GymError
             try:
                 response = await self._client.request(
-                    method, self._url(path), json=body, timeout=timeout
+                    method, self._url(path), json=body, timeout=timeout, headers=self._headers
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 error, retry = GymUnavailable(f"{call.route}: cannot reach gym: {exc!r}"), True
@@ -243,18 +266,61 @@ class HttpGym:
         except WireError as exc:
             raise GymProtocolError(f"get_task: {exc}") from exc
 
+    async def capabilities(self) -> dict[str, Any]:
+        """The server's capabilities route, read once; ``{}`` for a server without one (genv)."""
+        async with self._capabilities_lock:
+            if self._capabilities is None:
+                call = _Call("capabilities", self.timeouts.read, True)
+                try:
+                    data = await self._json("GET", self._gym_path("/capabilities"), call)
+                except GymHTTPError as exc:
+                    if not 400 <= exc.status < 500:
+                        raise
+                    data = {}
+                self._capabilities = data if isinstance(data, dict) else {}
+            return self._capabilities
+
+    async def _idempotent(self) -> bool:
+        if self.idempotent_create == "auto":
+            caps = await self.capabilities()
+            self.idempotent_create = caps.get("idempotent_create") is True
+            log.info("gym %s: idempotent creates %s", self.gym_id, self.idempotent_create)
+        return bool(self.idempotent_create)
+
+    async def held_executions(self) -> int | None:
+        """Executions the server still holds from this client's creates: live ones, and creations
+        still running whose deadline has not passed (those past it the server closes itself).
+        ``None`` when the server cannot list its executions (genv)."""
+        if not (await self.capabilities()).get("executions_listing"):
+            return None
+        call = _Call("executions", self.timeouts.read, True)
+        data = await self._json("GET", self._gym_path("/executions"), call)
+        if not isinstance(data, dict):
+            raise GymProtocolError("executions: answer is not an object")
+        live = [e for e in data.get("executions") or [] if isinstance(e, dict)]
+        creating = [c for c in data.get("creating") or [] if isinstance(c, dict)]
+        held = sum(e.get("client_request_id") in self._request_ids for e in live)
+        held += sum(
+            c.get("client_request_id") in self._request_ids and not c.get("expired")
+            for c in creating
+        )
+        return held
+
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> HttpExecution:
         body_options = dict(options or {})
-        if self.idempotent_create:
-            body_options["client_request_id"] = uuid.uuid4().hex
+        idempotent = await self._idempotent()
+        if idempotent:
+            request_id = uuid.uuid4().hex
+            self._request_ids.add(request_id)
+            body_options["client_request_id"] = request_id
             body_options["client_deadline_s"] = self.timeouts.create
         path = self._gym_path(f"/tasks/{quote(task.task_id, safe='')}")
-        call = _Call("create", self.timeouts.create, self.idempotent_create, TaskNotFound)
+        call = _Call("create", self.timeouts.create, idempotent, TaskNotFound)
         body = {"options": body_options}
         try:
             data = await self._json("POST", path, call, body)
         except asyncio.CancelledError:
-            if self.idempotent_create:
+            if idempotent:
                 self._spawn(self._reclaim(path, body))
             raise
         execution_id = data.get("execution_id") if isinstance(data, dict) else None
@@ -295,13 +361,19 @@ class HttpGym:
             return False
 
     async def aclose(self) -> None:
-        """Wait (bounded) for background terminates/reclaims, then close an owned pool."""
+        """Wait (bounded) for background terminates/reclaims, note ``held_at_close``, then close
+        an owned pool."""
         if self._closed:
             return
         if self._background:
             _done, pending = await asyncio.wait(set(self._background), timeout=BACKGROUND_WAIT_S)
             for task in pending:
                 task.cancel()
+        if self._request_ids:
+            try:
+                self.held_at_close = await self.held_executions()
+            except Exception as exc:  # the count is a report; it must not fail the close
+                log.warning("could not ask gym %s what it still holds: %s", self.gym_id, exc)
         self._closed = True
         if self._owns_client:
             await self._client.aclose()

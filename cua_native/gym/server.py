@@ -1,7 +1,15 @@
 """Serve any ``Gym`` over the HTTP routes of ``docs/gym_protocol.md`` (FastAPI + uvicorn).
 
     python -m cua_native.gym.server --host 127.0.0.1 --port 5010 [--gym sim] [--seed N]
-        [--fault-profile FILE|JSON]
+        [--fault-profile FILE|JSON] [--max-live N] [--idle-ttl-s S] [--max-body-bytes B]
+        [--auth-token-env VAR]
+
+Limits (``ServerLimits``, ``docs/gym_protocol.md``): at most ``max_live`` executions live or
+being created (429 beyond), executions idle for ``idle_ttl_s`` are closed by a reaper, request
+bodies over ``max_body_bytes`` are refused (413), and with a token every route needs
+``Authorization: Bearer <token>`` (401). ``GET /api/v1/{gym}/capabilities`` says what this server
+supports beyond genv (idempotent creates, the execution listing) and its limits;
+``GET /api/v1/{gym}/executions`` lists what it holds, so a client can count its leaks.
 
 Orphan-free creation (beyond genv's protocol, ignored by genv): a create may carry
 ``options.client_request_id`` and ``options.client_deadline_s``.
@@ -22,8 +30,10 @@ import contextlib
 import importlib
 import json
 import logging
+import os
+import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +47,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cua_native.actions.models import action_from_json
 from cua_native.gym.faults import FaultInjector, FaultProfile, Route
 from cua_native.gym.protocol import Execution, ExecutionGone, Gym, GymError, Task
+from cua_native.gym.server_guards import (
+    DEFAULT_IDLE_TTL_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_LIVE,
+    BearerAuth,
+    BodyLimit,
+    ServerLimits,
+)
 from cua_native.gym.wire import (
     evaluation_to_json,
     observation_to_json,
@@ -60,6 +78,10 @@ class _Live:
     execution: Execution
     request_key: tuple[str, str] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = 0.0
+    """Clock time of the last call that touched it (the idle reaper's measure)."""
+    busy: int = 0
+    """Calls running on it now: a busy execution is never idle."""
 
 
 @dataclass
@@ -69,6 +91,10 @@ class _PendingCreate:
     deadline: float | None = None
     """Loop time after which no client waits for the answer; ``None``: someone waits forever."""
     unbounded: bool = False
+    started_at: float = 0.0
+    """Clock time the creation began (the reaper forgets expired request ids after the TTL)."""
+    requests: int = 0
+    """Create requests that joined this creation (the first and its retries)."""
 
     def extend(self, now: float, deadline_s: float | None) -> None:
         if deadline_s is None:
@@ -84,10 +110,16 @@ class _PendingCreate:
 
 @dataclass
 class GymServerState:
-    """Live executions and counters (``created``/``closed`` let tests prove nothing leaks)."""
+    """Live executions and counters (``created``/``closed`` let tests prove nothing leaks).
+
+    ``clock`` (monotonic seconds) measures idleness; tests pass a fake one and call
+    ``reap_idle`` themselves.
+    """
 
     gyms: Mapping[str, Gym]
     injector: FaultInjector | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    clock: Callable[[], float] = time.monotonic
     live: dict[tuple[str, str], _Live] = field(default_factory=dict)
     gone: set[tuple[str, str]] = field(default_factory=set)
     by_request: dict[tuple[str, str], _PendingCreate] = field(default_factory=dict)
@@ -95,6 +127,9 @@ class GymServerState:
     created: list[tuple[str, str]] = field(default_factory=list)
     closed: Counter[tuple[str, str]] = field(default_factory=Counter)
     reaped: list[tuple[str, str]] = field(default_factory=list)
+    """Creations closed by the server because they finished after every client's deadline."""
+    expired: list[tuple[str, str]] = field(default_factory=list)
+    """Executions closed by the idle reaper."""
     terminate_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def gym(self, gym_id: str) -> Gym:
@@ -110,6 +145,89 @@ class GymServerState:
             state = "terminated" if (gym_id, execution_id) in self.gone else "unknown"
             raise HTTPException(404, f"{state} execution {execution_id!r} in gym {gym_id!r}")
         return live
+
+    def held(self) -> int:
+        """Executions live or being created: what ``max_live`` caps."""
+        return len(self.live) + len(self.creations)
+
+    @contextlib.asynccontextmanager
+    async def using(self, live: _Live) -> AsyncIterator[None]:
+        """Serialise calls on one execution and keep its idle clock current."""
+        live.busy += 1
+        live.last_used = self.clock()
+        try:
+            async with live.lock:
+                yield
+        finally:
+            live.busy -= 1
+            live.last_used = self.clock()
+
+    async def reap_idle(self) -> list[tuple[str, str]]:
+        """Close executions idle for longer than ``limits.idle_ttl_s``; forget request ids of
+        creations that expired as long ago. Returns the keys closed."""
+        ttl = self.limits.idle_ttl_s
+        if ttl is None:
+            return []
+        now = self.clock()
+        idle = [
+            key for key, live in self.live.items() if not live.busy and now - live.last_used > ttl
+        ]
+        for key in idle:
+            live = self.live.pop(key, None)
+            if live is None:  # closed meanwhile (a terminate, a concurrent pass)
+                continue
+            if live.request_key is not None:
+                self.by_request.pop(live.request_key, None)
+            log.info("closing execution %s: idle for more than %.0f s", key, ttl)
+            self.expired.append(key)
+            await self.close_execution(key, live.execution)
+        for request_key, pending in list(self.by_request.items()):
+            finished = pending.task is not None and pending.task.done()
+            if finished and now - pending.started_at > ttl:
+                del self.by_request[request_key]
+        return idle
+
+    async def reap_forever(self) -> None:
+        """The idle reaper: ``reap_idle`` every ``limits.reap_every_s`` seconds."""
+        interval = self.limits.reap_every_s
+        if interval is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reap_idle()
+            except Exception:
+                log.exception("idle reaper pass failed")
+
+    async def settle(self) -> None:
+        """Wait until every running creation has finished (registered, reaped or failed)."""
+        while self.creations:
+            await asyncio.gather(*list(self.creations), return_exceptions=True)
+
+    def listing(self, gym_id: str) -> dict[str, Any]:
+        """What ``GET /api/v1/{gym}/executions`` answers."""
+        now = self.clock()
+        loop_now = asyncio.get_running_loop().time()
+        executions = [
+            {
+                "execution_id": execution_id,
+                "task_id": live.execution.task.task_id,
+                "client_request_id": live.request_key[1] if live.request_key else None,
+                "idle_s": round(max(0.0, now - live.last_used), 3),
+            }
+            for (gid, execution_id), live in self.live.items()
+            if gid == gym_id
+        ]
+        creating = [
+            {
+                "client_request_id": request_id,
+                "task_id": pending.task_id,
+                "expired": pending.expired(loop_now),
+            }
+            for (gid, request_id), pending in self.by_request.items()
+            if gid == gym_id and pending.task is not None and not pending.task.done()
+        ]
+        return {"executions": executions, "creating": creating}
 
     async def close_execution(self, key: tuple[str, str], execution: Execution) -> None:
         self.gone.add(key)
@@ -231,21 +349,41 @@ async def _device_of(execution: Execution) -> dict[str, Any]:
     return device
 
 
-def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> FastAPI:
-    """A FastAPI app serving ``gyms`` (by gym id). State: ``app.state.gym_server``."""
-    state = GymServerState(gyms=dict(gyms), injector=FaultInjector(faults) if faults else None)
+def create_app(
+    gyms: Mapping[str, Gym],
+    faults: FaultProfile | None = None,
+    limits: ServerLimits | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """A FastAPI app serving ``gyms`` (by gym id). State: ``app.state.gym_server``.
+
+    ``limits`` default to ``ServerLimits()`` (no auth); ``clock`` measures idleness."""
+    limits = limits or ServerLimits()
+    state = GymServerState(
+        gyms=dict(gyms),
+        injector=FaultInjector(faults) if faults else None,
+        limits=limits,
+        clock=clock,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(state.reap_forever())
         try:
             yield
         finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
             await state.shutdown()
 
     app = FastAPI(title="cua_native gym server", lifespan=lifespan)
     app.state.gym_server = state
     if state.injector is not None:
         app.add_middleware(FaultMiddleware, injector=state.injector)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    if limits.auth_token is not None:
+        app.add_middleware(BearerAuth, token=limits.auth_token)  # outermost: checked first
 
     @app.exception_handler(ExecutionGone)
     async def _gone(_: Request, exc: ExecutionGone) -> JSONResponse:
@@ -254,6 +392,23 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
     @app.exception_handler(GymError)
     async def _gym_failed(_: Request, exc: GymError) -> JSONResponse:
         return JSONResponse({"detail": f"gym error: {exc}"}, status_code=502)
+
+    @app.get("/api/v1/{gym_id}/capabilities")
+    async def capabilities(gym_id: str) -> dict[str, Any]:
+        state.gym(gym_id)
+        return {
+            "idempotent_create": True,
+            "executions_listing": True,
+            "max_live": limits.max_live,
+            "idle_ttl_s": limits.idle_ttl_s,
+            "max_body_bytes": limits.max_body_bytes,
+            "auth": limits.auth_token is not None,
+        }
+
+    @app.get("/api/v1/{gym_id}/executions")
+    async def executions(gym_id: str) -> dict[str, Any]:
+        state.gym(gym_id)
+        return state.listing(gym_id)
 
     @app.get("/api/v1/{gym_id}/tasks")
     async def list_tasks(gym_id: str) -> dict[str, Any]:
@@ -283,7 +438,9 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
             state.reaped.append(key)
             await state.close_execution(key, execution)
             raise CreateExpired(f"execution {execution.execution_id!r} finished after the deadline")
-        state.live[key] = _Live(execution, (gym_id, request_id) if request_id else None)
+        state.live[key] = _Live(
+            execution, (gym_id, request_id) if request_id else None, last_used=state.clock()
+        )
         return execution.execution_id
 
     @app.post("/api/v1/{gym_id}/tasks/{task_id}")
@@ -308,7 +465,15 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
                 409, f"client_request_id {request_id!r} was used for task {pending.task_id!r}"
             )
         if pending is None:
-            pending = _PendingCreate(task.task_id)
+            if state.held() >= limits.max_live:
+                raise HTTPException(
+                    429,
+                    f"too many live executions: {state.held()} live or being created, the"
+                    f" server's max_live is {limits.max_live}; terminate finished executions"
+                    " or retry later",
+                    headers={"Retry-After": "5"},
+                )
+            pending = _PendingCreate(task.task_id, started_at=state.clock())
             pending.extend(now, deadline_s)
             creation = asyncio.create_task(
                 run_creation(gym_id, gym, task, options, pending, request_id)
@@ -320,6 +485,7 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
                 state.by_request[(gym_id, request_id)] = pending
         else:
             pending.extend(now, deadline_s)
+        pending.requests += 1
         assert pending.task is not None
         try:
             execution_id = await asyncio.shield(pending.task)
@@ -339,7 +505,7 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
     @app.get("/api/v1/{gym_id}/executions/{execution_id}/observation")
     async def observation(gym_id: str, execution_id: str) -> dict[str, Any]:
         live = state.execution(gym_id, execution_id)
-        async with live.lock:
+        async with state.using(live):
             obs = await live.execution.observe()
         return await observation_to_json(obs)
 
@@ -353,7 +519,7 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
             action = action_from_json(body["action"])
         except ValidationError as exc:
             raise HTTPException(422, _action_error(exc)) from exc
-        async with live.lock:
+        async with state.using(live):
             result = await live.execution.act(action)
         return await step_result_to_json(result)
 
@@ -367,7 +533,7 @@ def create_app(gyms: Mapping[str, Gym], faults: FaultProfile | None = None) -> F
             answer = data["answer"]
         if answer is not None and not isinstance(answer, str):
             raise HTTPException(422, "body field 'answer_text' must be a string")
-        async with live.lock:
+        async with state.using(live):
             evaluation = await live.execution.evaluate(answer)
         return evaluation_to_json(evaluation)
 
@@ -417,8 +583,46 @@ def main(argv: list[str] | None = None) -> None:
         help="sim only: screenshot WIDTHxHEIGHT (e.g. 160x384); the screen stays 1080x2400",
     )
     parser.add_argument("--fault-profile", default=None, help="JSON/YAML file or inline JSON")
+    parser.add_argument(
+        "--max-live",
+        type=int,
+        default=DEFAULT_MAX_LIVE,
+        help="executions live or being created at most (429 beyond)",
+    )
+    parser.add_argument(
+        "--idle-ttl-s",
+        type=float,
+        default=DEFAULT_IDLE_TTL_S,
+        help="close executions idle this long (0: never)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="refuse larger request bodies (413)",
+    )
+    parser.add_argument(
+        "--auth-token-env",
+        default=None,
+        metavar="VAR",
+        help="require 'Authorization: Bearer $VAR' on every route (the token stays out of ps)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    token = None
+    if args.auth_token_env:
+        token = os.environ.get(args.auth_token_env)
+        if not token:
+            parser.error(f"--auth-token-env: environment variable {args.auth_token_env} is unset")
+    try:
+        limits = ServerLimits(
+            max_live=args.max_live,
+            idle_ttl_s=args.idle_ttl_s or None,
+            max_body_bytes=args.max_body_bytes,
+            auth_token=token,
+        )
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(level=args.log_level.upper())
     size = None
     if args.screenshot_size:
@@ -430,7 +634,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--screenshot-size: {error}")
     gym = load_gym(args.gym, args.seed, size)
     faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
-    app = create_app({args.gym_id or gym.gym_id: gym}, faults)
+    app = create_app({args.gym_id or gym.gym_id: gym}, faults, limits)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cua_native.monitor.service.store import MonitorStore
+from cua_native import cli_checks
 
 LOG = logging.getLogger("cua_native.monitor")
 
@@ -43,7 +43,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.db is None and args.run_dir is None:
         print("give --db URL or --run-dir DIR", file=sys.stderr)
         return 2
-    store = MonitorStore.open(args.db, run_dir=_run_dir(args))
+    try:
+        if args.db is not None:
+            cli_checks.check_db_url(args.db)
+        cli_checks.check_run_dir(_run_dir(args))
+    except cli_checks.BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from cua_native.monitor.service.store import MonitorStore
+
+    try:
+        store = MonitorStore.open(args.db, run_dir=_run_dir(args))
+    except Exception as error:  # the database refused: one line, not a SQLAlchemy traceback
+        print(
+            f"error: --db: cannot open the database: {type(error).__name__}: {error}".split("\n")[
+                0
+            ],
+            file=sys.stderr,
+        )
+        return 1
     try:
         if args.command == "migrate":
             LOG.info("schema at head: %s", store.engine.url.render_as_string(hide_password=True))

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 Family = Literal["mai_ui", "qwen3_vl"]
 
-MAI_VARIANTS: tuple[str, ...] = ("default", "ask_user_mcp", "no_thinking")
+MAI_VARIANTS: tuple[str, ...] = ("default", "ask_user_mcp", "no_thinking", "grounding")
 QWEN_VARIANTS: tuple[str, ...] = (
     "mobile_use_utils",
     "mobile_use_notebook",

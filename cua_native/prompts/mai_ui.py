@@ -1,5 +1,8 @@
 """MAI-UI prompts: the published system prompts and the navigation agent's history layout.
 
+Variants: ``default``, ``no_thinking``, ``ask_user_mcp`` (navigation) and ``grounding`` (one
+screenshot, one ``<answer>`` point; ``MAIGroundingAgent``).
+
 Layout (``MAIUINaivigationAgent._build_messages``, MAI-UI@4dd07b9): system; user(task text);
 for every past turn, oldest first: [user(screenshot) if within the image window], assistant(the
 turn re-serialised with the dialect's ``format``), [user(feedback)]; then user(current
@@ -36,6 +39,8 @@ def _read(name: str) -> str:
 
 DEFAULT_PROMPT = _read("mai_ui_default.txt")
 NO_THINKING_PROMPT = _read("mai_ui_no_thinking.txt")
+GROUNDING_PROMPT = _read("mai_ui_grounding.txt")
+"""``MAI_MOBILE_SYS_PROMPT_GROUNDING``: single-step grounding (``<grounding_think>``/``<answer>``)."""
 ASK_USER_MCP_TEMPLATE = Template(_read("mai_ui_ask_user_mcp.jinja"))
 """Rendered with jinja2's defaults, as upstream (``{% endif -%}`` eats the blank lines)."""
 
@@ -46,6 +51,8 @@ def system_prompt(config: PromptConfig) -> str:
         tools = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in config.mcp_tools)
         text = ASK_USER_MCP_TEMPLATE.render(tools=tools)
         return _with_apps(text, MOBILE_WORLD_APPS, config.available_apps, spaced=True)
+    if config.variant == "grounding":
+        return GROUNDING_PROMPT
     text = NO_THINKING_PROMPT if config.variant == "no_thinking" else DEFAULT_PROMPT
     return _with_apps(text, ANDROID_WORLD_APPS, config.available_apps, spaced=False)
 
@@ -86,7 +93,18 @@ def render_messages(
     window: HistoryWindow,
     image_url: ImageUrl = message_url,
 ) -> tuple[list[dict[str, Any]], list[PreparedImage]]:
-    """OpenAI-style messages and the images in prompt order. Pure and deterministic."""
+    """OpenAI-style messages and the images in prompt order. Pure and deterministic.
+
+    The ``grounding`` variant is single-step, as ``MAIGroundingAgent._build_messages``: system;
+    user(instruction + "\\n", screenshot); ``history`` is not shown.
+    """
+    if config.variant == "grounding":
+        instruction = _text_part(task.prompt_text + "\n")
+        screenshot = _image_message(current, image_url)["content"][0]
+        return [
+            {"role": "system", "content": [_text_part(system_prompt(config))]},
+            {"role": "user", "content": [instruction, screenshot]},
+        ], [current]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": [_text_part(system_prompt(config))]},
         {"role": "user", "content": [_text_part(task.prompt_text)]},

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from areal.api.cli_args import GenerationHyperparameters
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Family = Literal["mai_ui", "qwen3_vl"]
 
@@ -61,7 +61,9 @@ class GymConfig(BaseModel):
     gym_id: str = "sim"
     seed: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments for the gym client constructor (timeouts, allow-lists)."""
+    """Extra keyword arguments for the gym client constructor (timeouts, allow-lists); checked
+    against the kind's client at load. ``null`` means none (drops options a lower config layer
+    set for another kind)."""
     adb: AdbConfig = Field(default_factory=AdbConfig)
     """ADB settings (``kind: adb`` only)."""
 
@@ -70,6 +72,39 @@ class GymConfig(BaseModel):
         if self.kind in ("http", "adb") and not self.base_url:
             raise ValueError(f"kind '{self.kind}' needs base_url (the gym server's address)")
         return self
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _null_is_no_options(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @model_validator(mode="after")
+    def _options_fit_the_kind(self) -> GymConfig:
+        """``options`` are keyword arguments of the kind's client: a simulator option given to
+        an HTTP gym is an error here, at load, not a ``TypeError`` after the model loaded."""
+        accepted = _client_options(self.kind)
+        unknown = sorted(set(self.options) - accepted)
+        if unknown:
+            raise ValueError(
+                f"options {unknown} are not options of a '{self.kind}' gym; "
+                f"it takes: {', '.join(sorted(accepted))}"
+            )
+        return self
+
+
+def _client_options(kind: str) -> set[str]:
+    """Keyword arguments ``make_gym`` may pass through ``GymConfig.options`` for ``kind``."""
+    import inspect
+
+    if kind == "sim":
+        from cua_native.gym.sim import SimGym
+
+        client, fixed = SimGym, {"self", "seed"}
+    else:
+        from cua_native.gym.http import HttpGym
+
+        client, fixed = HttpGym, {"self", "base_url", "gym_id"}
+    return set(inspect.signature(client.__init__).parameters) - fixed
 
 
 class AgentConfig(BaseModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -230,6 +231,8 @@ class Episode:
                 reason=EndReason.EVALUATE,
                 limit=config.turn_timeout_s,
             )
+        if not math.isfinite(evaluation.reward):  # never trained on: the gym is broken
+            raise InfraFailure(EndReason.BAD_REWARD, f"the gym's reward is {evaluation.reward!r}")
         record.evaluation = evaluation
         record.success = evaluation.success
         errors = sum(record.parse_errors.values())

@@ -36,6 +36,8 @@ class EndReason(StrEnum):
     GENERATE = "generate"
     ACT = "act"
     EVALUATE = "evaluate"
+    BAD_REWARD = "bad_reward"
+    """The gym's reward is not a finite number."""
 
 
 EpisodeOutcome = Literal["completed", "rejected"]

@@ -1,7 +1,13 @@
-"""Deterministic hypothesis profile and shared helpers for the action-dialect tests."""
+"""Deterministic hypothesis profile and shared helpers for the action-dialect tests.
+
+Also puts ``upstream/`` (the vendored upstream parsers) on ``sys.path``: pytest runs with
+``--import-mode=importlib``.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +17,7 @@ settings.register_profile(
     "cua_actions", derandomize=True, max_examples=1000, deadline=None, database=None
 )
 settings.load_profile("cua_actions")
+sys.path.insert(0, str(Path(__file__).parent / "upstream"))
 
 POINT_FIELDS = ("x", "y", "x2", "y2")
 

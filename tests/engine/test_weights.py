@@ -86,6 +86,7 @@ async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any) -> N
     engine = kit.engine()
     forwards: list[tuple[float, float]] = []
     started = threading.Event()
+    submitted = threading.Event()
     local = threading.local()
 
     def pre(module: Any, args: Any, kwargs: Any) -> None:
@@ -95,7 +96,7 @@ async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any) -> N
         forwards.append((local.t0, time.perf_counter()))
         if len(forwards) == 6:
             started.set()
-        time.sleep(0.002)  # keep the request in flight long enough
+            submitted.wait(60)  # the request stays in flight until the update is queued
 
     copies: list[tuple[str, float]] = []
     original_state_dict = engine.model.state_dict
@@ -114,7 +115,9 @@ async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any) -> N
         await asyncio.to_thread(started.wait, 10)
         update = _perturbed(engine.model)
         copies.clear()
-        await asyncio.wrap_future(engine.update_weights_from_state_dict(update, version=1))
+        updated = engine.update_weights_from_state_dict(update, version=1)
+        submitted.set()
+        await asyncio.wrap_future(updated)
         resp = await task
         in_worker = [t for name, t in copies if name == "inprocess-engine"]
         assert in_worker  # the copy ran on the model's own thread ...
@@ -155,10 +158,13 @@ async def test_pause_generation_holds_then_continues(kit: Any) -> None:
 
 async def test_abort_on_pause(kit: Any) -> None:
     engine = kit.engine(abort_on_pause=True)
+    heads = threading.Semaphore(0)
+    engine.model.get_output_embeddings().register_forward_hook(lambda *_: heads.release())
     try:
         req = kit.text_request(GenerationHyperparameters(max_new_tokens=100000))
         task = asyncio.create_task(engine.agenerate(req))
-        await asyncio.sleep(0.05)
+        for _ in range(2):  # a second output-head pass: the first token is out
+            assert await asyncio.to_thread(heads.acquire, True, 60)
         engine.pause_generation()
         resp = await asyncio.wait_for(task, 10)
         assert resp.stop_reason == "abort" and len(resp.output_tokens) > 0

@@ -100,6 +100,9 @@ class CounterGym:
     started: list[str] = field(default_factory=list)
     close_calls: Counter[str] = field(default_factory=Counter)
     start_delay_s: float = 0.0
+    start_gate: asyncio.Event | None = None
+    """When set, ``start`` waits for it: a test decides when a creation finishes."""
+    start_calls: int = 0
     fail_starts: int = 0
     screenshot_url: str | None = None
     """Serve screenshots as URLs under this prefix instead of inline PNG."""
@@ -116,6 +119,9 @@ class CounterGym:
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> CounterExecution:
         assert not (options or {}).keys() & {"client_request_id", "client_deadline_s"}
+        self.start_calls += 1
+        if self.start_gate is not None:
+            await self.start_gate.wait()
         if self.start_delay_s:
             await asyncio.sleep(self.start_delay_s)
         if self.fail_starts:

@@ -196,53 +196,75 @@ async def test_dropped_connections_are_typed_errors_and_close_still_terminates(t
         assert state.terminate_requests[("toy", execution.execution_id)] == 1
 
 
+async def _until(condition: Any, what: str, limit_s: float = 60.0) -> None:
+    """Bounded polling for a server-side condition (generous limit; no timing assumption)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not condition():
+        assert loop.time() < deadline, f"{what}: not within {limit_s} s"
+        await asyncio.sleep(0.01)
+
+
 async def test_create_that_times_out_is_retried_onto_the_same_execution(toy, serve) -> None:
-    faults = FaultProfile(create_hang=CreateHang(seconds=0.6, first_n=1))
-    app = create_app({"toy": toy}, faults)
-    timeouts = GymTimeouts(connect=2.0, create=0.35, read=5.0)
+    # the creation finishes only once the server has seen the retry: the first attempt surely
+    # timed out and the retry surely waits on the same creation, however loaded the machine
+    toy.start_gate = asyncio.Event()
+    app = create_app({"toy": toy})
+    timeouts = GymTimeouts(connect=5.0, create=2.0, read=5.0)
+    retries = RetryPolicy(attempts=3, backoff_s=0.01)
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=timeouts, idempotent_create=True)
+        gym = HttpGym(url, "toy", retries=retries, timeouts=timeouts, idempotent_create=True)
         try:
-            execution = await gym.start(_task("task-001"))
+            starting = asyncio.create_task(gym.start(_task("task-001")))
+            await _until(lambda: _create_requests(app) >= 2, "the retry reached the server")
+            toy.start_gate.set()
+            execution = await starting
             await execution.close()
         finally:
             await gym.aclose()
-        assert toy.started == [execution.execution_id]
+        assert toy.start_calls == 1 and toy.started == [execution.execution_id]
         _assert_no_leak(app, toy)
 
 
+def _create_requests(app: Any) -> int:
+    return sum(pending.requests for pending in app.state.gym_server.by_request.values())
+
+
 async def test_create_hanging_past_every_attempt_leaves_no_orphan(toy, serve) -> None:
-    # the hang outlasts both attempts by a wide margin, even on a loaded machine
-    faults = FaultProfile(create_hang=CreateHang(seconds=1.5))
-    app = create_app({"toy": toy}, faults)
-    timeouts = GymTimeouts(connect=2.0, create=0.2, read=5.0)
+    # the creation is released only after the client gave up: every attempt's deadline has
+    # passed on the server by then (a deadline runs from when the server got the request)
+    toy.start_gate = asyncio.Event()
+    app = create_app({"toy": toy})
+    state = app.state.gym_server
+    timeouts = GymTimeouts(connect=5.0, create=0.2, read=5.0)
     retries = RetryPolicy(attempts=2, backoff_s=0.01)
     async with serve(app) as url:
         gym = HttpGym(url, "toy", retries=retries, timeouts=timeouts, idempotent_create=True)
         try:
             with pytest.raises(GymTimeout):
                 await gym.start(_task("task-001"))
-            state = app.state.gym_server
-            for _ in range(200):
-                if state.reaped:
-                    break
-                await asyncio.sleep(0.02)
+            toy.start_gate.set()
+            await asyncio.wait_for(state.settle(), 60)
             assert len(state.reaped) == 1 and len(toy.started) == 1
+            assert await gym.held_executions() == 0
         finally:
             await gym.aclose()
         _assert_no_leak(app, toy)
 
 
 async def test_cancelled_create_is_reclaimed_in_the_background(toy, serve) -> None:
-    app = create_app({"toy": toy}, FaultProfile(create_hang=CreateHang(seconds=0.4)))
+    toy.start_gate = asyncio.Event()
+    app = create_app({"toy": toy})
     async with serve(app) as url:
         gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT, idempotent_create=True)
         starting = asyncio.create_task(gym.start(_task("task-001")))
-        await asyncio.sleep(0.1)
+        await _until(lambda: toy.start_calls == 1, "create reached the gym")
         starting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await starting
+        toy.start_gate.set()
         await gym.aclose()
+        await asyncio.wait_for(app.state.gym_server.settle(), 60)
         assert len(toy.started) == 1
         _assert_no_leak(app, toy)
 
@@ -285,10 +307,7 @@ async def test_many_episodes_under_random_faults_terminate_everything_exactly_on
         finally:
             await gym.aclose()
         state = app.state.gym_server
-        for _ in range(100):  # creations the server reaps after their deadline
-            if not state.creations:
-                break
-            await asyncio.sleep(0.02)
+        await asyncio.wait_for(state.settle(), 60)  # creations reaped after their deadline
         assert len(outcomes) == 12 and "ok" in outcomes
         _assert_no_leak(app, toy)
 
@@ -331,7 +350,7 @@ async def test_failed_creation_is_a_502_and_an_idempotent_retry_starts_afresh(to
     toy.fail_starts = 1
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        once = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+        once = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT, idempotent_create=False)
         toy_task = _task("task-002")
         with pytest.raises(GymHTTPError) as err:
             await once.start(toy_task)

@@ -163,3 +163,17 @@ def test_render_is_deterministic(make_prepared) -> None:
     assert render_messages(TASK, history, shots[2], config) == render_messages(
         TASK, history, shots[2], config
     )
+
+
+def test_mai_ui_grounding_is_one_step_like_the_grounding_agent(make_prepared) -> None:
+    """``MAIGroundingAgent._build_messages``: system; user(instruction + "\\n", screenshot)."""
+    config = default_prompt_config("mai_ui", variant="grounding")
+    current = make_prepared()
+    history = [_mai_step(CLICK, make_prepared(shade=1))]
+    messages, images = render_messages(TASK, history, current, config)
+    assert images == [current]
+    assert [m["role"] for m in messages] == ["system", "user"]
+    text, image = messages[1]["content"]
+    assert text == {"type": "text", "text": TASK.instruction + "\n"}
+    assert image["type"] == "image_url"
+    assert messages[0]["content"][0]["text"].startswith("You are a GUI grounding agent.")

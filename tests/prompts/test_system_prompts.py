@@ -23,6 +23,7 @@ QWEN = json.loads((FIXTURES / "qwen3_vl_upstream_prompts.json").read_text("utf-8
         ("no_thinking", (), "no_thinking"),
         ("ask_user_mcp", (), "ask_user_mcp_no_tools"),
         ("ask_user_mcp", tuple(MAI["tools"]), "ask_user_mcp_tools"),
+        ("grounding", (), "grounding"),
     ],
 )
 def test_mai_ui_system_prompts_match_upstream(variant: str, tools: tuple, key: str) -> None:

@@ -4,12 +4,14 @@ parse-error feedback, infrastructure retries, group rejection, closes on every p
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from areal.utils import stats_tracker
 
 from cua_native.actions.models import Answer, Click
+from cua_native.gym.wire import evaluation_from_json
 from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.cpu_pool import WORK_RANK
 from cua_native.rollout.episode import run_episode, run_with_retry
@@ -180,10 +182,10 @@ async def test_cancellation_closes_every_execution(
     engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
     task = await _first_task(gym)
     running = asyncio.create_task(workflow.arun_episode(engine, {"task": task.model_dump_json()}))
-    for _ in range(500):
-        await asyncio.sleep(0.01)
+    for _ in range(12_000):  # bounded polling, generous under load (up to ~2 min)
         if gym.counts.get("act", 0) == 4:
             break
+        await asyncio.sleep(0.01)
     assert gym.counts.get("act", 0) == 4
     running.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -244,3 +246,42 @@ async def test_episode_work_is_ranked_by_turn_and_start_time(
         ("act", 2),
         ("evaluate", 2),
     ]
+
+
+async def test_non_finite_reward_rejects_the_episode_as_bad_reward(
+    processor, scripted_engine_factory, faulty_gym_factory
+) -> None:
+    """A gym answering ``"score": 1e999`` (read by the real wire decoder as inf) is an
+    infrastructure failure: the episode is rejected, never a success with reward inf."""
+    answer = json.loads('{"success": true, "result": {"score": 1e999, "success": true}}')
+    config = AgentConfig(max_turns=5, infra_retries=1)
+    kit = make_kit(config, processor)
+    gym = faulty_gym_factory()
+
+    async def broken_evaluate(answer_text: str | None = None) -> Any:
+        return evaluation_from_json(answer)
+
+    real_start = gym.start
+
+    async def start(task: Any, options: Any = None) -> Any:
+        execution = await real_start(task, options)
+        execution.evaluate = broken_evaluate
+        return execution
+
+    gym.start = start
+    engine = scripted_engine_factory(kit.dialect, click_then_answer)
+    task = await _first_task(gym)
+    rejected: list[str | None] = []
+    run = await run_with_retry(
+        gym=gym,
+        task=task,
+        engine=engine,
+        kit=kit,
+        make_context=lambda attempt: EpisodeContext(task=task, attempt=attempt),
+        observer=NullObserver(),
+        on_reject=lambda r: rejected.append(r.record.reject_reason),
+    )
+    assert evaluation_from_json(answer).reward == float("inf")
+    assert run.rejected and run.record.reject_reason == "bad_reward"
+    assert rejected == ["bad_reward", "bad_reward"]
+    assert (gym.started, gym.closed) == (2, 2)

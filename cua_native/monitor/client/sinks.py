@@ -11,11 +11,22 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
 
 from cua_native.monitor.ingest import IngestError
+
+
+def check_monitor_url(url: str) -> str:
+    """The base URL of a Training Monitor, or ``ValueError`` saying what is wrong with it."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"a monitor URL must look like http(s)://host[:port][/path], not {url!r}")
+    if parsed.query or parsed.fragment:
+        raise ValueError(f"a monitor URL takes no query or fragment: {url!r}")
+    return url.rstrip("/")
 
 
 class SinkUnavailable(Exception):
@@ -84,7 +95,7 @@ class HttpSink:
     ) -> None:
         self.name = name
         self.accepts_client_refs = client_refs
-        self.url = base_url.rstrip("/") + "/api/ingest/batch"
+        self.url = check_monitor_url(base_url) + "/api/ingest/batch"
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

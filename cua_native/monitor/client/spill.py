@@ -192,6 +192,17 @@ class SinkChannel:
             "inbox": len(self.inbox),
         }
 
+    def undelivered_line(self, run_dir: Path) -> str | None:
+        """What this sink still lacks after ``aclose`` and how to deliver it, or ``None``."""
+        left = self.spill.pending_rows + len(self.waiting) + len(self.inbox)
+        if not left:
+            return None
+        return (
+            f"monitor: {left} records not delivered to {self.sink.name} (kept in "
+            f"{self.spill.path.parent}); deliver them with: python -m cua_native.monitor drain "
+            f"{run_dir} (or by the next run in that directory)"
+        )
+
     async def start(self) -> None:
         await asyncio.to_thread(self.ids.load)
         self._task = asyncio.create_task(self._run(), name=f"monitor-sink-{self.sink.name}")
@@ -327,8 +338,9 @@ class SinkChannel:
 
     async def _send_chunk(self, chunk: list[Row]) -> None:
         trainings = [row for row in chunk if row.kind == TRAINING]
-        groups = [[row] for row in trainings[1:]]  # one training object per batch
-        groups.insert(0, trainings[:1] + [row for row in chunk if row.kind != TRAINING])
+        # one training object per batch; all of them before the rows that may refer to them
+        groups = [[row] for row in trainings[:-1]]
+        groups.append(trainings[-1:] + [row for row in chunk if row.kind != TRAINING])
         for group in groups:
             try:
                 await self._send(group)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,6 +53,7 @@ from cua_native.monitor.service.schema import (
 )
 
 TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+ENDED_TRAINING = ("failed", "cancelled")
 SQLITE_FILE = "monitor.db"
 JSON_FIELDS = frozenset(
     {
@@ -258,6 +259,8 @@ class _BatchWriter:
         self.now = utcnow()
         self.touched: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.touched_trainings: set[int] = set()
+        self.ended_trainings: dict[int, str] = {}
+        """Trainings this batch moved to ``failed``/``cancelled``: their open children close."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
         answer: dict[str, Any] = {}
@@ -271,6 +274,10 @@ class _BatchWriter:
                     for record in records
                 ]
         self.session.flush()
+        for training_id, status in self.ended_trainings.items():
+            _close_children(self.session, training_id, status, self.now)
+        if self.ended_trainings:
+            self.session.expire_all()
         _Progress(self.session, self.now).refresh(self.touched, self.touched_trainings)
         return answer
 
@@ -293,8 +300,11 @@ class _BatchWriter:
                 select(Training).where(Training.run_name == values["run_name"])
             ).first()
         kind = _Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
+        before = row.status if row is not None else None
         row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
         self.touched_trainings.add(row.id)
+        if row.status in ENDED_TRAINING and row.status != before:
+            self.ended_trainings[row.id] = row.status
         return row.id
 
     def _upsert(self, kind_name: str, record: BaseModel) -> int:
@@ -529,6 +539,51 @@ class _Progress:
             training.progress_percent = 100.0
         elif training.total_steps:
             training.progress_percent = min(100.0, 100.0 * completed / training.total_steps)
+
+
+def _close_children(session: Session, training_id: int, status: str, now: datetime) -> None:
+    """A training that failed or was cancelled leaves nothing open: its unfinished steps fail,
+    its unfinished evals/baselines and their rollouts take its status, environments end."""
+    message = f"training {status}"
+    open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
+    session.execute(
+        update(Step)
+        .where(Step.training_id == training_id, open_steps)
+        .values(status="failed", error_message=message, end_time=now, updated_at=now)
+    )
+    for model in (Eval, Baseline):
+        session.execute(
+            update(model)
+            .where(
+                model.training_id == training_id,
+                model.status.not_in(TERMINAL_ROLLOUT) | model.status.is_(None),
+            )
+            .values(status=status, error_message=message, end_time=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    sources = (
+        Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
+        | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
+        | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
+    )
+    open_rollouts = select(Rollout.id).where(
+        sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None)
+    )
+    session.execute(
+        update(Environment)
+        .where(
+            Environment.rollout_id.in_(open_rollouts),
+            Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
+        )
+        .values(status="terminated", status_message=message, termination_time=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Rollout)
+        .where(Rollout.id.in_(open_rollouts))
+        .values(status=status, error_message=message, end_time=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _json_dict(text: str | None) -> dict[str, Any]:

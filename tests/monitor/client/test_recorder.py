@@ -79,6 +79,7 @@ async def test_full_episode_arrives_with_relations(store: MonitorStore, tmp_path
 
 async def test_calls_return_while_the_sink_hangs(store: MonitorStore, tmp_path: Path) -> None:
     release = asyncio.Event()
+    entered = asyncio.Event()
     real = SqlSink(store, owns_store=False)
 
     class HangingSink:
@@ -86,6 +87,7 @@ async def test_calls_return_while_the_sink_hangs(store: MonitorStore, tmp_path: 
         accepts_client_refs = True
 
         async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
+            entered.set()
             await release.wait()
             return await real.send(batch)
 
@@ -97,7 +99,7 @@ async def test_calls_return_while_the_sink_hangs(store: MonitorStore, tmp_path: 
         recorder.training_started(model_name="m")
         for i in range(20):
             record_episode(recorder, f"t{i}", 3)
-        await asyncio.sleep(0.1)  # the writer ran and the sink is stuck in send
+        await asyncio.wait_for(entered.wait(), 60)  # the writer ran; the sink is stuck in send
         assert count(store, schema.Rollout) == 0
         stats = recorder.stats()
         assert stats["monitor/queued"] > 20 * 10 and stats["monitor/dropped"] == 0

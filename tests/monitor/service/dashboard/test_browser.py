@@ -52,7 +52,7 @@ def server(
     thread = threading.Thread(target=uv_server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # generous: CI machines are busy
         while not uv_server.started:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("dashboard server did not start")

@@ -1,0 +1,51 @@
+"""train and evaluate read the same config files through the one loader; overrides stand
+anywhere; gym options that do not fit the gym's kind are refused at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cua_native import evaluate, train
+from cua_native.config import ConfigError, load_config
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_overrides_may_stand_anywhere() -> None:
+    argv = ["seed=1", "--no-progress", "cua.agent.max_turns=3"]
+    assert train.parse_args([*argv, "--steps", "2"]).overrides == [
+        "seed=1",
+        "cua.agent.max_turns=3",
+    ]
+    args = evaluate.parse_args(["seed=1", "--episodes", "2", "cua.agent.max_turns=3"])
+    assert args.overrides == ["seed=1", "cua.agent.max_turns=3"] and args.episodes == 2
+    assert evaluate.build_config(args).cua.agent.max_turns == 3
+
+
+def test_evaluate_reads_the_training_config() -> None:
+    args = evaluate.parse_args(["--config", str(ROOT / "configs" / "default.yaml")])
+    assert evaluate.build_config(args).cua.agent.gym.kind == "sim"
+
+
+def test_sim_options_on_an_http_gym_are_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"\['screenshot_size'\] are not options of a 'http'"):
+        load_config(None, ["cua.agent.gym.kind=http", "cua.agent.gym.base_url=http://127.0.0.1:1"])
+
+
+def test_gym_url_drops_the_configs_simulator_options() -> None:
+    args = evaluate.parse_args(["--gym-url", "http://127.0.0.1:1"])
+    gym = evaluate.build_config(args).cua.agent.gym
+    assert (gym.kind, gym.base_url, gym.options) == ("http", "http://127.0.0.1:1", {})
+
+
+def test_yaml_errors_name_the_file_and_the_nearest_key(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("cua:\n  agent: [1,\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml"):
+        load_config(broken)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("cua:\n  agent:\n    max_turnz: 3\n")
+    with pytest.raises(ConfigError, match=r"Did you mean 'max_turns'.*typo\.yaml"):
+        load_config(typo)
