@@ -255,7 +255,7 @@ async def test_non_finite_reward_rejects_the_episode_as_bad_reward(
     infrastructure failure: the episode is rejected, never a success with reward inf."""
     answer = json.loads('{"success": true, "result": {"score": 1e999, "success": true}}')
     config = AgentConfig(max_turns=5, infra_retries=1)
-    kit = make_kit(config, processor)
+    agent = make_agent(config, processor)
     gym = faulty_gym_factory()
 
     async def broken_evaluate(answer_text: str | None = None) -> Any:
@@ -269,14 +269,14 @@ async def test_non_finite_reward_rejects_the_episode_as_bad_reward(
         return execution
 
     gym.start = start
-    engine = scripted_engine_factory(kit.dialect, click_then_answer)
+    engine = scripted_engine_factory(agent.dialect, click_then_answer)
     task = await _first_task(gym)
     rejected: list[str | None] = []
     run = await run_with_retry(
         gym=gym,
         task=task,
         engine=engine,
-        kit=kit,
+        agent=agent,
         make_context=lambda attempt: EpisodeContext(task=task, attempt=attempt),
         observer=NullObserver(),
         on_reject=lambda r: rejected.append(r.record.reject_reason),
