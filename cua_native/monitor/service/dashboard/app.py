@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Body, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
@@ -124,6 +124,11 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
         if data is None:
             raise HTTPException(404, f"no {kind} {source_id}")
         return page(request, "source.html", **data)
+
+    @app.get("/{training_id:int}")
+    def training_link(training_id: int) -> Response:
+        """The link the existing monitor's client logs: ``{base}/{training_id}?project_id=…``."""
+        return RedirectResponse(f"/trainings/{training_id}", status_code=307)
 
     @app.get("/steps/{source_id}")
     def step_page(request: Request, source_id: int) -> Response:
