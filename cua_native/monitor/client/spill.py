@@ -382,6 +382,9 @@ class SinkChannel:
                 raise _Undelivered([], str(exc)) from exc.__cause__
             self.waiting = blocked
             await asyncio.to_thread(self.spill.commit, end, consumed)
+        if self.unspilled:  # rows the disk refused: older than the inbox
+            self.inbox = self.unspilled + self.inbox
+            self.unspilled = []
         while self.inbox or self.waiting:
             rows = self.waiting + self.inbox
             self.waiting, self.inbox = [], []
