@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy import String, case, create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -268,6 +267,7 @@ class _BatchWriter:
         self.touched: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.touched_trainings: set[int] = set()
         self.ended_trainings: dict[int, str] = {}
+        self.rows: dict[tuple[type[Base], str], Any] = {}
         """Trainings this batch moved to ``failed``/``cancelled``: their open children close."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
@@ -301,7 +301,14 @@ class _BatchWriter:
         return answer
 
     def _lookup(self, model: type[Base], client_id: str) -> Any:
-        return self.session.scalars(select(model).where(model.client_id == client_id)).first()  # type: ignore[attr-defined]
+        """The row of a client id (cached for the batch: an episode's turns all name one
+        rollout, its actions the turns just written)."""
+        key = (model, client_id)
+        if key not in self.rows:
+            self.rows[key] = self.session.scalars(
+                select(model).where(model.client_id == client_id)  # type: ignore[attr-defined]
+            ).first()
+        return self.rows[key]
 
     def _training(self, record: TrainingIn) -> int:
         values = {k: _to_column(k, v) for k, v in record.given().items()}
@@ -329,6 +336,8 @@ class _BatchWriter:
         before = row.status if row is not None else None
         row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
         self.touched_trainings.add(row.id)
+        if row.client_id is not None:
+            self.rows[(Training, row.client_id)] = row
         if row.status in ENDED_TRAINING and row.status != before:
             self.ended_trainings[row.id] = row.status
         return row.id
@@ -363,6 +372,8 @@ class _BatchWriter:
         if kind.model is Rollout:
             values = self._rollout_source(row, values, client_id)
         row = self._write(kind, row, client_id, values, label=f"{kind_name}[{client_id}]")
+        if client_id is not None:
+            self.rows[(kind.model, client_id)] = row
         self.touched[kind_name].add(row.id)
         if kind.model is Rollout and row.env_id is not None:
             environment = self.session.get(Environment, row.env_id)
@@ -499,57 +510,89 @@ class _Progress:
         elif rollout.max_turns and rollout.current_turn:
             rollout.progress_percent = min(100.0, 100.0 * rollout.current_turn / rollout.max_turns)
 
-    def _rollouts_of(self, column: Any, parent_id: int) -> list[Rollout]:
-        return list(self.session.scalars(select(Rollout).where(column == parent_id)))
+    def _aggregate(
+        self, column: Any, parent_id: int
+    ) -> tuple[int, int, int, float | None, float | None, float | None, int]:
+        """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
+        rewards) over one parent's rollouts, computed by the database: one indexed query
+        whatever the number of rollouts (the batch cost stays flat as a step fills)."""
+        done = Rollout.status.in_(TERMINAL_ROLLOUT)
+        finished_reward = case((done, Rollout.reward))
+        row = self.session.execute(
+            select(
+                func.count(Rollout.id),
+                func.count(case((done, 1))),
+                func.count(case((done & (Rollout.task_success == 1), 1))),
+                func.avg(finished_reward),
+                func.avg(finished_reward * finished_reward),
+                func.avg(case((done, Rollout.num_turns))),
+                func.count(finished_reward),
+            ).where(column == parent_id)
+        ).one()
+        total, finished, successes, mean, square, turns, rewards = row
+        return (
+            int(total),
+            int(finished),
+            int(successes),
+            None if mean is None else float(mean),
+            None if square is None else float(square),
+            None if turns is None else float(turns),
+            int(rewards),
+        )
+
+    def _groups(self, step_id: int) -> tuple[int, int]:
+        """(groups, groups whose rollouts all finished) of a step."""
+        key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
+        open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
+        per_group = (
+            select(key.label("g"), open_.label("open"))
+            .where(Rollout.step_id == step_id)
+            .group_by(key)
+            .subquery()
+        )
+        total, complete = self.session.execute(
+            select(func.count(), func.count(case((per_group.c.open == 0, 1))))
+        ).one()
+        return int(total), int(complete)
 
     def _step(self, step: Step) -> None:
-        rollouts = self._rollouts_of(Rollout.step_id, step.id)
-        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
-        groups: dict[Any, list[Rollout]] = {}
-        for rollout in rollouts:
-            groups.setdefault(rollout.group_id or rollout.group, []).append(rollout)
+        total, finished, _, mean, square, _, rewards = self._aggregate(Rollout.step_id, step.id)
+        groups, completed_groups = self._groups(step.id)
         given = _json_dict(step.rollout_progress)
-        total_envs = max(_count(given.get("total_envs")), len(rollouts))
-        total_groups = max(_count(given.get("total_groups")), len(groups))
-        completed_groups = sum(
-            all(r.status in TERMINAL_ROLLOUT for r in members) for members in groups.values()
-        )
+        total_envs = max(_count(given.get("total_envs")), total)
         step.rollout_progress = json.dumps(
             {
                 "completed_groups": completed_groups,
-                "total_groups": total_groups,
-                "completed_envs": len(done),
+                "total_groups": max(_count(given.get("total_groups")), groups),
+                "completed_envs": finished,
                 "total_envs": total_envs,
             }
         )
-        rewards = [r.reward for r in done if r.reward is not None]
-        if rewards:
-            step.reward_mean = statistics.fmean(rewards)
-            step.reward_std = statistics.pstdev(rewards)
-            step.num_trajectories = len(done)
+        if rewards and mean is not None and square is not None:
+            step.reward_mean = mean
+            step.reward_std = max(0.0, square - mean * mean) ** 0.5
+            step.num_trajectories = finished
         if step.status == "completed":
             step.progress_percent = 100.0
             return
         training = _json_dict(step.training_progress)
-        rollout_part = len(done) / total_envs if total_envs else 0.0
+        rollout_part = finished / total_envs if total_envs else 0.0
         substeps = _count(training.get("total_substeps"))
         training_part = _count(training.get("completed_substeps")) / substeps if substeps else 0.0
         step.progress_percent = round(80.0 * rollout_part + 20.0 * min(training_part, 1.0), 3)
 
     def _eval_like(self, row: Eval | Baseline, model: type[Eval] | type[Baseline]) -> None:
         parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
-        rollouts = self._rollouts_of(parent_column, row.id)
-        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
-        row.completed_tasks = len(done)
-        row.total_tasks = max(row.total_tasks or 0, len(rollouts))
-        if done:
-            successes = sum(bool(r.task_success) for r in done)
+        total, finished, successes, mean, _, turns, _ = self._aggregate(parent_column, row.id)
+        if not total:
+            return
+        row.completed_tasks = finished
+        row.total_tasks = max(row.total_tasks or 0, total)
+        if finished:
             row.successful_tasks = successes
-            row.success_rate = successes / len(done)
-            rewards = [r.reward for r in done if r.reward is not None]
-            row.avg_reward = statistics.fmean(rewards) if rewards else None
-            turns = [r.num_turns for r in done if r.num_turns is not None]
-            row.avg_turns = statistics.fmean(turns) if turns else None
+            row.success_rate = successes / finished
+            row.avg_reward = mean
+            row.avg_turns = turns
         if row.status == "completed":
             row.progress_percent = 100.0
         elif row.total_tasks:
