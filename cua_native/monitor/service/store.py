@@ -268,6 +268,31 @@ class _BatchWriter:
         self.touched_trainings: set[int] = set()
         self.ended_trainings: dict[int, str] = {}
         self.rows: dict[tuple[type[Base], str], Any] = {}
+        self.created_ids: dict[type[Base], set[int]] = {}
+        """Rows this batch wrote, by model (their children cannot be in the database yet)."""
+        self.history: list[tuple[str, Any, str | None]] = []
+        self.linked_rollouts: list[Rollout] = []
+
+    def _prefetch(self, model: type[Base], client_ids: list[str]) -> None:
+        """One query for every client id of a kind in the batch."""
+        wanted = [c for c in set(client_ids) if (model, c) not in self.rows]
+        if not wanted:
+            return
+        found = self.session.scalars(select(model).where(model.client_id.in_(wanted)))  # type: ignore[attr-defined]
+        for row in found:
+            self.rows[(model, row.client_id)] = row
+        for client_id in wanted:
+            self.rows.setdefault((model, client_id), None)
+
+    def _after_flush(self) -> None:
+        for entity, row, old_status in self.history:
+            self._history(entity, row, old_status)
+        self.history.clear()
+        for rollout in self.linked_rollouts:
+            environment = self.session.get(Environment, rollout.env_id)
+            if environment is not None and environment.rollout_id is None:
+                environment.rollout_id = rollout.id
+        self.linked_rollouts.clear()
         """Trainings this batch moved to ``failed``/``cancelled``: their open children close."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
@@ -288,10 +313,21 @@ class _BatchWriter:
             if kind == "rollouts":
                 plan.append(("environments", linked))
         for kind, records in plan:
-            if records:
-                slots = answer.setdefault(kind, [None] * len(getattr(batch, kind)))
-                for position, record in records:
-                    slots[position] = _mapping(record.client_id, self._upsert(kind, record))
+            if not records:
+                continue
+            model = KINDS[kind].model
+            self._prefetch(model, [r.client_id for _, r in records if r.client_id is not None])
+            with self.session.no_autoflush:
+                written = [
+                    (position, record, self._upsert(kind, record)) for position, record in records
+                ]
+            self.session.flush()  # one round of INSERTs per kind, not one per record
+            self._after_flush()
+            slots = answer.setdefault(kind, [None] * len(getattr(batch, kind)))
+            for position, record, row in written:
+                slots[position] = _mapping(record.client_id, row.id)
+                self.touched[kind].add(row.id)
+                self.created_ids.setdefault(model, set()).add(row.id)
         self.session.flush()
         for training_id, status in self.ended_trainings.items():
             _close_children(self.session, training_id, status, self.now)
@@ -335,6 +371,8 @@ class _BatchWriter:
         kind = _Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
         before = row.status if row is not None else None
         row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
+        self.session.flush()
+        self._after_flush()
         self.touched_trainings.add(row.id)
         if row.client_id is not None:
             self.rows[(Training, row.client_id)] = row
@@ -342,7 +380,7 @@ class _BatchWriter:
             self.ended_trainings[row.id] = row.status
         return row.id
 
-    def _upsert(self, kind_name: str, record: BaseModel) -> int:
+    def _upsert(self, kind_name: str, record: BaseModel) -> Any:
         kind = KINDS[kind_name]
         values = record.model_dump(exclude_unset=True)
         client_id: str | None = values.pop("client_id", None)
@@ -366,6 +404,7 @@ class _BatchWriter:
             row is None
             and kind.natural_key
             and all(values.get(k) is not None for k in kind.natural_key)
+            and not self._parent_is_new(kind, values)
         ):
             conditions = [getattr(kind.model, k) == values[k] for k in kind.natural_key]
             row = self.session.scalars(select(kind.model).where(*conditions)).first()
@@ -374,12 +413,19 @@ class _BatchWriter:
         row = self._write(kind, row, client_id, values, label=f"{kind_name}[{client_id}]")
         if client_id is not None:
             self.rows[(kind.model, client_id)] = row
-        self.touched[kind_name].add(row.id)
         if kind.model is Rollout and row.env_id is not None:
-            environment = self.session.get(Environment, row.env_id)
-            if environment is not None and environment.rollout_id is None:
-                environment.rollout_id = row.id
-        return row.id
+            self.linked_rollouts.append(row)
+        return row
+
+    def _parent_is_new(self, kind: _Kind, values: dict[str, Any]) -> bool:
+        """Whether the natural key's parent was written by this batch (then no row of this kind
+        can carry the key yet, and the lookup is skipped)."""
+        for column, (_, parent) in kind.foreign_keys.items():
+            if column in kind.natural_key and values.get(column) in self.created_ids.get(
+                parent, ()
+            ):
+                return True
+        return False
 
     def _rollout_source(
         self, row: Rollout | None, values: dict[str, Any], client_id: str
@@ -418,9 +464,8 @@ class _BatchWriter:
             if has_updated:
                 row.updated_at = values.get("updated_at") or self.now
             self.session.add(row)
-            self.session.flush()
             if kind.has_status:
-                self._history(kind.entity, row, None)
+                self.history.append((kind.entity, row, None))
             return row
         old_status = row.status if kind.has_status else None
         for column, value in values.items():
@@ -429,9 +474,8 @@ class _BatchWriter:
             row.client_id = client_id
         if has_updated and "updated_at" not in values:
             row.updated_at = self.now
-        self.session.flush()
         if kind.has_status and "status" in values and values["status"] != old_status:
-            self._history(kind.entity, row, old_status)
+            self.history.append((kind.entity, row, old_status))
         return row
 
     def _history(self, entity: str, row: Any, old_status: str | None) -> None:
