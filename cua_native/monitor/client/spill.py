@@ -316,8 +316,9 @@ class SinkChannel:
             self._wake.clear()
             if self._stopping:
                 return
-            await self._attempt()
-            if self.halted is not None:
+            if self.halted is None:
+                await self._attempt()
+            if self.halted is not None:  # refused as a whole: keep, never retry in a loop
                 await self._spill_inbox()
                 continue
             if self._delay > 0:

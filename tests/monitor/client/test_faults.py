@@ -14,15 +14,17 @@ import pytest
 from PIL import Image
 from recorder_kit import (
     TOKEN,
+    count,
     finish,
     free_port,
     ingest_server,
     make_context,
     make_task,
+    record_episode,
     run_episode_turns,
     wait_for,
 )
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from cua_native.gym.protocol import Screenshot
 from cua_native.monitor.client.drain import drain
@@ -38,11 +40,6 @@ from cua_native.monitor.service.store import MonitorStore
 FAST = {"flush_interval": 0.02, "backoff": (0.01, 0.05), "send_timeout": 5.0}
 
 
-def count(store: MonitorStore, model: Any) -> int:
-    with store.session() as session:
-        return int(session.scalar(select(func.count()).select_from(model)) or 0)
-
-
 class SwitchSink(SqlSink):
     """A real store behind a switch: ``down`` makes every send fail as a dead network would."""
 
@@ -56,16 +53,6 @@ class SwitchSink(SqlSink):
         if self.down:
             raise SinkUnavailable("switched off")
         return await super().send(batch)
-
-
-def episode(recorder: Recorder, task: str, turns: int = 2, step: int = 0) -> str:
-    context = make_context(make_task(task), step=step)
-    recorder.episode_started(context)
-    records = run_episode_turns(context, turns)
-    for turn in records:
-        recorder.turn_finished(context, turn)
-    recorder.episode_finished(finish(context, records))
-    return context.episode_id
 
 
 def noise(seed: int) -> Screenshot:
@@ -92,7 +79,7 @@ async def test_retries_never_re_append_the_spill_and_the_last_update_wins(
         sink.down = True
         recorder.step_started(0)
         for i in range(5):
-            episode(recorder, f"t{i}")
+            record_episode(recorder, f"t{i}")
         recorder.step_finished(0)
         await wait_for(lambda: recorder.stats()["monitor/sql/failures"] >= 6)
         recorded = recorder.stats()["monitor/queued"]
@@ -131,7 +118,7 @@ async def test_ids_are_kept_per_destination(tmp_path: Path) -> None:
                 recorder = Recorder([HttpSink(url, TOKEN)], run_dir=run_dir, **FAST)
                 async with TrainingMonitor(recorder, model_name="m"):
                     recorder.step_started(0)
-                    episode(recorder, "t1")
+                    record_episode(recorder, "t1")
                 assert recorder.undelivered() == []
         for store in (first, second):
             with store.session() as session:
@@ -215,7 +202,7 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
     monkeypatch.setattr(SpillLog, "append", full)
     async with TrainingMonitor(recorder, model_name="m"):
         sink.down = True
-        episode(recorder, "t")
+        record_episode(recorder, "t")
         await wait_for(lambda: recorder.stats()["monitor/sql/unspilled"] > 0)
         sink.down = False  # the sink comes back before the end: nothing is lost
         await wait_for(lambda: count(store, schema.Turn) == 2)
@@ -223,7 +210,7 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
     sink.down = True
     second = Recorder([sink], run_dir=tmp_path / "run2", **FAST)
     async with second:
-        episode(second, "u")
+        record_episode(second, "u")
     (line,) = second.undelivered()  # the end reports what the full disk cost
     assert "could not be written to disk" in line
 
@@ -238,7 +225,7 @@ async def test_monitor_down_says_so_and_drain_delivers_once(
     async with monitor:
         recorder.step_started(0)
         for i in range(3):
-            episode(recorder, f"t{i}")
+            record_episode(recorder, f"t{i}")
     (line,) = recorder.undelivered()
     assert "python -m cua_native.monitor drain" in line and str(run_dir) in line
     async with ingest_server(store, port):
@@ -261,7 +248,7 @@ async def test_a_refused_token_halts_instead_of_retrying(
         async with recorder:
             recorder.training_started(model_name="m")
             await wait_for(lambda: recorder.stats()["monitor/http/failures"] == 1)
-            episode(recorder, "t")
+            record_episode(recorder, "t")
             await wait_for(lambda: recorder.stats()["monitor/http/spilled"] > 0)
             assert recorder.stats()["monitor/http/failures"] == 1  # no retry loop
         (line,) = recorder.undelivered()

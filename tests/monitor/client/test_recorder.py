@@ -7,15 +7,14 @@ from typing import Any
 import pytest
 from recorder_kit import (
     TOKEN,
-    finish,
+    count,
     free_port,
     ingest_server,
-    make_context,
     make_task,
-    run_episode_turns,
+    record_episode,
     wait_for,
 )
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from cua_native.monitor.client.lifecycle import TrainingMonitor
 from cua_native.monitor.client.recorder import Recorder
@@ -24,21 +23,6 @@ from cua_native.monitor.service import schema
 from cua_native.monitor.service.store import MonitorStore
 
 FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 5.0}
-
-
-def count(store: MonitorStore, model: Any) -> int:
-    with store.session() as session:
-        return int(session.scalar(select(func.count()).select_from(model)) or 0)
-
-
-def record_episode(recorder: Recorder, task_id: str, turns: int, step: int = 0) -> str:
-    context = make_context(make_task(task_id), step=step)
-    recorder.episode_started(context)
-    records = run_episode_turns(context, turns)
-    for turn in records:
-        recorder.turn_finished(context, turn)
-    recorder.episode_finished(finish(context, records))
-    return context.episode_id
 
 
 async def test_full_episode_arrives_with_relations(store: MonitorStore, tmp_path: Path) -> None:
