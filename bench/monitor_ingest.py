@@ -1,6 +1,11 @@
-"""Ingest throughput of the monitor store: episodes/s and per-batch latency (SQLite, or --db URL).
+"""Ingest figures of the monitor store (SQLite, or PostgreSQL with --db), side by side in one run:
 
-uv run python bench/monitor_ingest.py [--db URL] [--episodes 200] [--turns 10]
+- episodes/s with one episode per batch and with recorder-sized batches (``--per-batch``
+  episodes, what ``SinkChannel`` sends: up to 500 rows);
+- per-batch cost while one step fills: the first batches against the last ones
+  (flat means a ratio near 1).
+
+uv run python bench/monitor_ingest.py [--db URL] [--episodes 1200] [--turns 10] [--per-batch 20]
 """
 
 from __future__ import annotations
@@ -14,17 +19,21 @@ from typing import Any
 from cua_native.monitor.service.store import MonitorStore
 
 
-def episode_batch(index: int, turns: int) -> dict[str, Any]:
-    rollout = f"ro-{index}"
+def episode_records(tag: str, index: int, turns: int, step: str) -> dict[str, list[Any]]:
+    rollout = f"{tag}-ro-{index}"
     return {
+        "environments": [
+            {"client_id": f"{rollout}:env", "env_type": "sim", "status": "terminated"}
+        ],
         "rollouts": [
             {
                 "client_id": rollout,
                 "rollout_id": rollout,
-                "step_client_id": "step-0",
+                "step_client_id": step,
                 "task_client_id": "task",
+                "env_client_id": f"{rollout}:env",
                 "model_path": "m",
-                "group": index // 8,
+                "group_num": index // 8,
                 "max_turns": turns,
                 "status": "completed",
                 "reward": float(index % 2),
@@ -49,45 +58,74 @@ def episode_batch(index: int, turns: int) -> dict[str, Any]:
     }
 
 
+def merged(batches: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for batch in batches:
+        for kind, records in batch.items():
+            out.setdefault(kind, []).extend(records)
+    return out
+
+
+def run(store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int) -> list[float]:
+    """Seconds per batch while one step fills with ``episodes`` rollouts."""
+    step = f"{tag}-step"
+    store.ingest(
+        {"steps": [{"client_id": step, "training_client_id": "t", "step": hash(tag) % 10**6}]}
+    )
+    seconds = []
+    for start in range(0, episodes, per_batch):
+        batch = merged(
+            [
+                episode_records(tag, i, turns, step)
+                for i in range(start, min(episodes, start + per_batch))
+            ]
+        )
+        began = time.perf_counter()
+        store.ingest(batch)
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--db")
-    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--episodes", type=int, default=1200)
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--per-batch", type=int, default=20)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
         store = MonitorStore.open(args.db, run_dir=run_dir)
         try:
-            training_id = store.ingest(
+            store.ingest(
                 {
-                    "training": {
-                        "client_id": "t",
-                        "run_name": f"bench-{time.time_ns()}",
-                        "log_path": run_dir,
-                        "model_name": "m",
-                    },
+                    "training": {"client_id": "t", "run_name": f"bench-{time.time_ns()}"},
                     "tasks": [
                         {"client_id": "task", "task_id": "task", "name": "t", "description": "d"}
                     ],
-                    "steps": [{"client_id": "step-0", "training_client_id": "t", "step": 0}],
                 }
-            )["training_id"]
-            print(f"training id: {training_id}")
-            latencies = []
-            start = time.perf_counter()
-            for index in range(args.episodes):
-                began = time.perf_counter()
-                store.ingest(episode_batch(index, args.turns))
-                latencies.append(time.perf_counter() - began)
-            elapsed = time.perf_counter() - start
+            )
+            single_n = max(20, args.episodes // 20)
+            single = run(store, f"one-{time.time_ns()}", single_n, args.turns, 1)
+            batched = run(
+                store, f"many-{time.time_ns()}", args.episodes, args.turns, args.per_batch
+            )
         finally:
             store.close()
-    print(f"backend: {args.db or 'sqlite (run dir)'}")
-    print(f"episodes: {args.episodes} x {args.turns} turns, {elapsed:.2f} s total")
-    print(f"episodes/s: {args.episodes / elapsed:.1f}")
+    tenth = max(1, len(batched) // 10)
+    first, last = statistics.median(batched[:tenth]), statistics.median(batched[-tenth:])
+    print(f"backend: {args.db.split('@')[-1] if args.db else 'sqlite (run dir)'}")
+    print(f"episodes of {args.turns} turns (rollout, environment, turns, actions with 64 tokens)")
+    print(f"{'batches':<28}{'episodes/s':>12}{'ms/batch (median)':>20}")
     print(
-        f"batch latency ms: median {1000 * statistics.median(latencies):.1f}, "
-        f"p95 {1000 * statistics.quantiles(latencies, n=20)[-1]:.1f}"
+        f"{'1 episode':<28}{single_n / sum(single):>12.1f}{1000 * statistics.median(single):>20.1f}"
+    )
+    print(
+        f"{f'{args.per_batch} episodes':<28}{args.episodes / sum(batched):>12.1f}"
+        f"{1000 * statistics.median(batched):>20.1f}"
+    )
+    print(
+        f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
+        f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
     )
 
 

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import io
 import logging
+import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -91,6 +92,7 @@ class Recorder:
         self._queue: deque[Row] = deque()
         self._lock = threading.Lock()
         self._counts = {"queued": 0, "dropped": 0, "errors": 0}
+        self._seq = events.SeqClock()
         self._known: set[tuple[str, str]] = set()
         """Parents already queued (tasks, steps, evals, baselines, the training)."""
         self._uris: OrderedDict[int, tuple[Screenshot, str]] = OrderedDict()
@@ -217,6 +219,8 @@ class Recorder:
                 self._counts["dropped"] += len(rows)
                 log.warning("monitor recorder: %d rows dropped (queue full or closed)", len(rows))
                 return
+            for row in rows:
+                row.seq = self._seq()
             self._queue.extend(rows)
             self._counts["queued"] += len(rows)
             wake = len(self._queue) >= self.batch_size and not self._signalled
@@ -260,6 +264,8 @@ class Recorder:
             for row, uri in zip(with_images, uris, strict=True):
                 row.fields["screenshot_uri"] = uri
                 row.screenshot = None
+        for row in rows:
+            _sanitize(row.fields)
         for channel in self._channels:
             channel.submit(rows)
 
@@ -579,6 +585,29 @@ class Recorder:
         now = utc_now()
         fields = {"step": step, "status": status, "end_time": now, "eval_time": now} | results
         self._eval_like("evals", events.eval_client_id(self.run_name, step), fields)
+
+
+def _sanitize(fields: dict[str, Any]) -> None:
+    """Values no monitor can store are fixed before they travel: NaN/infinite numbers and
+    integers beyond 64 bits become ``None``, NUL characters U+FFFD."""
+    for key, value in list(fields.items()):
+        fields[key] = _clean(value)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
 
 
 def _screenshot_uri(shot: Screenshot) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy import String, case, create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -70,8 +69,15 @@ JSON_FIELDS = frozenset(
         "logprobs",
         "rollout_progress",
         "training_progress",
+        "trajectory_data_json",
+        "action_json",
+        "action_args",
+        "model_specific_input_json",
     }
 )
+TRAINING_DEFAULTS = {"log_path": "", "model_name": "unknown"}
+"""What a new training gets when the sender gives none (the existing client's first post has
+only ``run_name``, ``status``, ``current_phase``, ``experiment_name`` and ``trial_name``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +122,7 @@ KINDS: dict[str, _Kind] = {
             "eval_id": ("eval_client_id", Eval),
             "baseline_id": ("baseline_client_id", Baseline),
             "task_id": ("task_client_id", Task),
+            "env_id": ("env_client_id", Environment),
         },
         ("rollout_id",),
         ("source_type", "rollout_id", "task_id", "model_path"),
@@ -126,7 +133,7 @@ KINDS: dict[str, _Kind] = {
         "environment",
         {"rollout_id": ("rollout_client_id", Rollout)},
         (),
-        ("rollout_id", "env_type"),
+        ("env_type",),
         True,
     ),
     "turns": _Kind(
@@ -260,19 +267,67 @@ class _BatchWriter:
         self.touched: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.touched_trainings: set[int] = set()
         self.ended_trainings: dict[int, str] = {}
+        self.rows: dict[tuple[type[Base], str], Any] = {}
+        self.created_ids: dict[type[Base], set[int]] = {}
+        """Rows this batch wrote, by model (their children cannot be in the database yet)."""
+        self.history: list[tuple[str, Any, str | None]] = []
+        self.linked_rollouts: list[Rollout] = []
+
+    def _prefetch(self, model: type[Base], client_ids: list[str]) -> None:
+        """One query for every client id of a kind in the batch."""
+        wanted = [c for c in set(client_ids) if (model, c) not in self.rows]
+        if not wanted:
+            return
+        found = self.session.scalars(select(model).where(model.client_id.in_(wanted)))  # type: ignore[attr-defined]
+        for row in found:
+            self.rows[(model, row.client_id)] = row
+        for client_id in wanted:
+            self.rows.setdefault((model, client_id), None)
+
+    def _after_flush(self) -> None:
+        for entity, row, old_status in self.history:
+            self._history(entity, row, old_status)
+        self.history.clear()
+        for rollout in self.linked_rollouts:
+            environment = self.session.get(Environment, rollout.env_id)
+            if environment is not None and environment.rollout_id is None:
+                environment.rollout_id = rollout.id
+        self.linked_rollouts.clear()
         """Trainings this batch moved to ``failed``/``cancelled``: their open children close."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
         answer: dict[str, Any] = {}
         if batch.training is not None:
             answer["training_id"] = self._training(batch.training)
+        # Environments come before rollouts (the existing client links rollout → environment),
+        # except those that name their rollout (the other direction): they come after it.
+        environments = list(enumerate(batch.environments))
+        linked = [(i, e) for i, e in environments if e.rollout_client_id or e.rollout_id]
+        deferred = {i for i, _ in linked}
+        plan: list[tuple[str, list[tuple[int, Any]]]] = []
         for kind in ARRAY_KINDS:
-            records: list[BaseModel] = getattr(batch, kind)
-            if records:
-                answer[kind] = [
-                    {"client_id": record.client_id, "id": self._upsert(kind, record)}  # type: ignore[attr-defined]
-                    for record in records
+            if kind == "environments":
+                plan.append((kind, [(i, e) for i, e in environments if i not in deferred]))
+            else:
+                plan.append((kind, list(enumerate(getattr(batch, kind)))))
+            if kind == "rollouts":
+                plan.append(("environments", linked))
+        for kind, records in plan:
+            if not records:
+                continue
+            model = KINDS[kind].model
+            self._prefetch(model, [r.client_id for _, r in records if r.client_id is not None])
+            with self.session.no_autoflush:
+                written = [
+                    (position, record, self._upsert(kind, record)) for position, record in records
                 ]
+            self.session.flush()  # one round of INSERTs per kind, not one per record
+            self._after_flush()
+            slots = answer.setdefault(kind, [None] * len(getattr(batch, kind)))
+            for position, record, row in written:
+                slots[position] = _mapping(record.client_id, row.id)
+                self.touched[kind].add(row.id)
+                self.created_ids.setdefault(model, set()).add(row.id)
         self.session.flush()
         for training_id, status in self.ended_trainings.items():
             _close_children(self.session, training_id, status, self.now)
@@ -282,7 +337,14 @@ class _BatchWriter:
         return answer
 
     def _lookup(self, model: type[Base], client_id: str) -> Any:
-        return self.session.scalars(select(model).where(model.client_id == client_id)).first()  # type: ignore[attr-defined]
+        """The row of a client id (cached for the batch: an episode's turns all name one
+        rollout, its actions the turns just written)."""
+        key = (model, client_id)
+        if key not in self.rows:
+            self.rows[key] = self.session.scalars(
+                select(model).where(model.client_id == client_id)  # type: ignore[attr-defined]
+            ).first()
+        return self.rows[key]
 
     def _training(self, record: TrainingIn) -> int:
         values = {k: _to_column(k, v) for k, v in record.given().items()}
@@ -290,27 +352,38 @@ class _BatchWriter:
         client_id = values.pop("client_id", None)
         row: Training | None = None
         if training_id is not None:
-            row = self.session.get(Training, training_id)
+            row = self.session.get(Training, training_id) if abs(training_id) < 2**31 else None
             if row is None:
                 raise IngestError(f"training: unknown training_id {training_id}")
+            run_name = values.get("run_name")
+            if run_name is not None and row.run_name != run_name:
+                raise IngestError(
+                    f"training: training_id {training_id} is run {row.run_name!r}, not {run_name!r}"
+                )
         if row is None and client_id is not None:
             row = self._lookup(Training, client_id)
         if row is None and values.get("run_name") is not None:
             row = self.session.scalars(
                 select(Training).where(Training.run_name == values["run_name"])
             ).first()
+        if row is None:
+            values = TRAINING_DEFAULTS | values
         kind = _Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
         before = row.status if row is not None else None
         row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
+        self.session.flush()
+        self._after_flush()
         self.touched_trainings.add(row.id)
+        if row.client_id is not None:
+            self.rows[(Training, row.client_id)] = row
         if row.status in ENDED_TRAINING and row.status != before:
             self.ended_trainings[row.id] = row.status
         return row.id
 
-    def _upsert(self, kind_name: str, record: BaseModel) -> int:
+    def _upsert(self, kind_name: str, record: BaseModel) -> Any:
         kind = KINDS[kind_name]
         values = record.model_dump(exclude_unset=True)
-        client_id: str = values.pop("client_id")
+        client_id: str | None = values.pop("client_id", None)
         for column, (client_key, parent) in kind.foreign_keys.items():
             if client_key in values:
                 parent_client_id = values.pop(client_key)
@@ -325,19 +398,34 @@ class _BatchWriter:
         values = {k: _to_column(k, v) for k, v in values.items()}
         if kind.model is Obs and is_data_uri(values.get("screenshot_uri") or ""):
             values["screenshot_uri"] = self.screenshots.put_data_uri(values["screenshot_uri"])
-        row = self._lookup(kind.model, client_id)
+        _contract_extras(kind.model, values)
+        row = self._lookup(kind.model, client_id) if client_id is not None else None
         if (
             row is None
             and kind.natural_key
             and all(values.get(k) is not None for k in kind.natural_key)
+            and not self._parent_is_new(kind, values)
         ):
             conditions = [getattr(kind.model, k) == values[k] for k in kind.natural_key]
             row = self.session.scalars(select(kind.model).where(*conditions)).first()
         if kind.model is Rollout:
             values = self._rollout_source(row, values, client_id)
         row = self._write(kind, row, client_id, values, label=f"{kind_name}[{client_id}]")
-        self.touched[kind_name].add(row.id)
-        return row.id
+        if client_id is not None:
+            self.rows[(kind.model, client_id)] = row
+        if kind.model is Rollout and row.env_id is not None:
+            self.linked_rollouts.append(row)
+        return row
+
+    def _parent_is_new(self, kind: _Kind, values: dict[str, Any]) -> bool:
+        """Whether the natural key's parent was written by this batch (then no row of this kind
+        can carry the key yet, and the lookup is skipped)."""
+        for column, (_, parent) in kind.foreign_keys.items():
+            if column in kind.natural_key and values.get(column) in self.created_ids.get(
+                parent, ()
+            ):
+                return True
+        return False
 
     def _rollout_source(
         self, row: Rollout | None, values: dict[str, Any], client_id: str
@@ -372,24 +460,22 @@ class _BatchWriter:
             row = model(**values)
             if client_id is not None:
                 row.client_id = client_id
-            row.created_at = self.now
+            row.created_at = values.get("created_at") or self.now
             if has_updated:
-                row.updated_at = self.now
+                row.updated_at = values.get("updated_at") or self.now
             self.session.add(row)
-            self.session.flush()
             if kind.has_status:
-                self._history(kind.entity, row, None)
+                self.history.append((kind.entity, row, None))
             return row
         old_status = row.status if kind.has_status else None
         for column, value in values.items():
             setattr(row, column, value)
         if client_id is not None and row.client_id is None:
             row.client_id = client_id
-        if has_updated:
+        if has_updated and "updated_at" not in values:
             row.updated_at = self.now
-        self.session.flush()
         if kind.has_status and "status" in values and values["status"] != old_status:
-            self._history(kind.entity, row, old_status)
+            self.history.append((kind.entity, row, old_status))
         return row
 
     def _history(self, entity: str, row: Any, old_status: str | None) -> None:
@@ -468,57 +554,89 @@ class _Progress:
         elif rollout.max_turns and rollout.current_turn:
             rollout.progress_percent = min(100.0, 100.0 * rollout.current_turn / rollout.max_turns)
 
-    def _rollouts_of(self, column: Any, parent_id: int) -> list[Rollout]:
-        return list(self.session.scalars(select(Rollout).where(column == parent_id)))
+    def _aggregate(
+        self, column: Any, parent_id: int
+    ) -> tuple[int, int, int, float | None, float | None, float | None, int]:
+        """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
+        rewards) over one parent's rollouts, computed by the database: one indexed query
+        whatever the number of rollouts (the batch cost stays flat as a step fills)."""
+        done = Rollout.status.in_(TERMINAL_ROLLOUT)
+        finished_reward = case((done, Rollout.reward))
+        row = self.session.execute(
+            select(
+                func.count(Rollout.id),
+                func.count(case((done, 1))),
+                func.count(case((done & (Rollout.task_success == 1), 1))),
+                func.avg(finished_reward),
+                func.avg(finished_reward * finished_reward),
+                func.avg(case((done, Rollout.num_turns))),
+                func.count(finished_reward),
+            ).where(column == parent_id)
+        ).one()
+        total, finished, successes, mean, square, turns, rewards = row
+        return (
+            int(total),
+            int(finished),
+            int(successes),
+            None if mean is None else float(mean),
+            None if square is None else float(square),
+            None if turns is None else float(turns),
+            int(rewards),
+        )
+
+    def _groups(self, step_id: int) -> tuple[int, int]:
+        """(groups, groups whose rollouts all finished) of a step."""
+        key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
+        open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
+        per_group = (
+            select(key.label("g"), open_.label("open"))
+            .where(Rollout.step_id == step_id)
+            .group_by(key)
+            .subquery()
+        )
+        total, complete = self.session.execute(
+            select(func.count(), func.count(case((per_group.c.open == 0, 1))))
+        ).one()
+        return int(total), int(complete)
 
     def _step(self, step: Step) -> None:
-        rollouts = self._rollouts_of(Rollout.step_id, step.id)
-        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
-        groups: dict[Any, list[Rollout]] = {}
-        for rollout in rollouts:
-            groups.setdefault(rollout.group_id or rollout.group, []).append(rollout)
+        total, finished, _, mean, square, _, rewards = self._aggregate(Rollout.step_id, step.id)
+        groups, completed_groups = self._groups(step.id)
         given = _json_dict(step.rollout_progress)
-        total_envs = max(int(given.get("total_envs") or 0), len(rollouts))
-        total_groups = max(int(given.get("total_groups") or 0), len(groups))
-        completed_groups = sum(
-            all(r.status in TERMINAL_ROLLOUT for r in members) for members in groups.values()
-        )
+        total_envs = max(_count(given.get("total_envs")), total)
         step.rollout_progress = json.dumps(
             {
                 "completed_groups": completed_groups,
-                "total_groups": total_groups,
-                "completed_envs": len(done),
+                "total_groups": max(_count(given.get("total_groups")), groups),
+                "completed_envs": finished,
                 "total_envs": total_envs,
             }
         )
-        rewards = [r.reward for r in done if r.reward is not None]
-        if rewards:
-            step.reward_mean = statistics.fmean(rewards)
-            step.reward_std = statistics.pstdev(rewards)
-            step.num_trajectories = len(done)
+        if rewards and mean is not None and square is not None:
+            step.reward_mean = mean
+            step.reward_std = max(0.0, square - mean * mean) ** 0.5
+            step.num_trajectories = finished
         if step.status == "completed":
             step.progress_percent = 100.0
             return
         training = _json_dict(step.training_progress)
-        rollout_part = len(done) / total_envs if total_envs else 0.0
-        substeps = int(training.get("total_substeps") or 0)
-        training_part = int(training.get("completed_substeps") or 0) / substeps if substeps else 0.0
+        rollout_part = finished / total_envs if total_envs else 0.0
+        substeps = _count(training.get("total_substeps"))
+        training_part = _count(training.get("completed_substeps")) / substeps if substeps else 0.0
         step.progress_percent = round(80.0 * rollout_part + 20.0 * min(training_part, 1.0), 3)
 
     def _eval_like(self, row: Eval | Baseline, model: type[Eval] | type[Baseline]) -> None:
         parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
-        rollouts = self._rollouts_of(parent_column, row.id)
-        done = [r for r in rollouts if r.status in TERMINAL_ROLLOUT]
-        row.completed_tasks = len(done)
-        row.total_tasks = max(row.total_tasks or 0, len(rollouts))
-        if done:
-            successes = sum(bool(r.task_success) for r in done)
+        total, finished, successes, mean, _, turns, _ = self._aggregate(parent_column, row.id)
+        if not total:
+            return
+        row.completed_tasks = finished
+        row.total_tasks = max(row.total_tasks or 0, total)
+        if finished:
             row.successful_tasks = successes
-            row.success_rate = successes / len(done)
-            rewards = [r.reward for r in done if r.reward is not None]
-            row.avg_reward = statistics.fmean(rewards) if rewards else None
-            turns = [r.num_turns for r in done if r.num_turns is not None]
-            row.avg_turns = statistics.fmean(turns) if turns else None
+            row.success_rate = successes / finished
+            row.avg_reward = mean
+            row.avg_turns = turns
         if row.status == "completed":
             row.progress_percent = 100.0
         elif row.total_tasks:
@@ -584,6 +702,37 @@ def _close_children(session: Session, training_id: int, status: str, now: dateti
         .values(status=status, error_message=message, end_time=now, updated_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from a sender's progress JSON; anything else counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if 0 <= value < 2**31 else 0
+
+
+def _mapping(client_id: str | None, row_id: int) -> dict[str, Any]:
+    return {"id": row_id} if client_id is None else {"client_id": client_id, "id": row_id}
+
+
+def _contract_extras(model: type[Base], values: dict[str, Any]) -> None:
+    """Fill the dashboard's columns from where a contract-only sender puts them: the group number
+    (``group_num``), a turn's parse error (``metrics_json.parse_error``) and a screenshot's size
+    (``model_input_json.width``/``height``)."""
+    if model is Rollout and values.get("group_num") is not None:
+        values["group"] = values.pop("group_num")
+    values.pop("group_num", None)
+    if model is Rollout and values.get("group_id") is not None:
+        values["group_id"] = str(values["group_id"])
+    if model is Turn and "parse_error" not in values:
+        parse_error = _json_dict(values.get("metrics_json")).get("parse_error")
+        if isinstance(parse_error, str):
+            values["parse_error"] = parse_error
+    if model is Obs:
+        size = _json_dict(values.get("model_input_json"))
+        for key in ("width", "height"):
+            if key not in values and isinstance(size.get(key), int):
+                values[key] = size[key]
 
 
 def _json_dict(text: str | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 from PIL import Image
+from sqlalchemy import func, select
 
 from cua_native.actions.errors import ParsedOutput, failure
 from cua_native.actions.models import Click, Terminate
@@ -120,3 +121,20 @@ async def wait_for(predicate: Any, within: float = 20.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+def count(store: MonitorStore, model: Any) -> int:
+    """Rows of one table in the store."""
+    with store.session() as session:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def record_episode(recorder: Any, task_id: str, turns: int = 2, step: int = 0) -> str:
+    """One finished episode of ``turns`` turns recorded through ``recorder``."""
+    context = make_context(make_task(task_id), step=step)
+    recorder.episode_started(context)
+    records = run_episode_turns(context, turns)
+    for turn in records:
+        recorder.turn_finished(context, turn)
+    recorder.episode_finished(finish(context, records))
+    return context.episode_id
