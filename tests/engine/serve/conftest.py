@@ -140,6 +140,7 @@ def areal_client(cls: type, addr: str, **overrides: Any) -> Iterator[Any]:
 class ServeKit:
     """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
 
+    WAIT_S = WAIT_S
     ForwardGate = ForwardGate
     abort_spy = staticmethod(abort_spy)
     wait_until = staticmethod(wait_until)
