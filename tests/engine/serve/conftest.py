@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 import uvicorn
-from areal.api.cli_args import InferenceEngineConfig
+from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+from areal.api.io_struct import ModelRequest
+from PIL import Image
 
 from cua_native.engine import InProcessEngine
 from cua_native.engine.serve import ServedModel, build_app
+from cua_native.prompts.images import prepare_image, sizing_from_processor
+from cua_native.prompts.request import model_request, run_processor
 
 WAIT_S = 60.0
 
@@ -137,6 +141,33 @@ def areal_client(cls: type, addr: str, **overrides: Any) -> Iterator[Any]:
         client.destroy()
 
 
+def prompt_request(
+    processor: Any, gconfig: GenerationHyperparameters, text: str = "Open Settings"
+) -> ModelRequest:
+    """A turn built by the project's prompt pipeline (what the workflow sends any engine):
+    exact ids, the processor's tensors in metadata, base64 PNGs and vLLM chat messages."""
+    image = prepare_image(screenshot(), sizing_from_processor(processor), encode=True)
+    messages = [
+        {"role": "system", "content": "You are a phone agent."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": image.message_url}},
+                {"type": "text", "text": text},
+            ],
+        },
+    ]
+    processed = run_processor(processor, messages, [image])
+    return model_request(processed, messages, [image], processor, gconfig)
+
+
+def screenshot() -> Image.Image:
+    image = Image.new("RGB", (1080, 2400), (20, 120, 200))
+    for x in range(0, 1080, 90):
+        image.paste((235, 120, 30), (x, x, x + 40, x + 200))
+    return image
+
+
 class ServeKit:
     """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
 
@@ -147,6 +178,7 @@ class ServeKit:
     serving = staticmethod(serving)
     areal_client = staticmethod(areal_client)
     client_config = staticmethod(client_config)
+    prompt_request = staticmethod(prompt_request)
 
 
 @pytest.fixture(scope="session")

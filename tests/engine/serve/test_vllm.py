@@ -1,0 +1,235 @@
+"""The stand-in's vLLM API driven by AReaL 1.0.4's own ``RemotevLLMEngine``, and finding 5:
+what AReaL's client makes of a vision (chat) turn aborted by a pause, with and without
+``restart_chat_on_abort``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from areal.api.cli_args import GenerationHyperparameters
+from areal.api.io_struct import ModelRequest, WeightUpdateMeta
+from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
+from areal.utils import name_resolve, names
+from areal.utils.name_resolve import NfsNameRecordRepository
+
+from cua_native.engine.vllm_restart import RestartingVLLMBackend, restart_chat_on_abort
+
+GREEDY = GenerationHyperparameters(max_new_tokens=24, greedy=True, ignore_eos=True)
+SAMPLED = GenerationHyperparameters(max_new_tokens=16, temperature=1.0, top_p=0.9)
+
+
+def _on_wire(req: ModelRequest) -> ModelRequest:
+    """What a remote engine gets: no processor tensors."""
+    return dataclasses.replace(req, metadata={}, vision_msg_vllm=copy.deepcopy(req.vision_msg_vllm))
+
+
+class GenerateSpy:
+    """Records what ``ServedModel.generate`` is called with and answers."""
+
+    def __init__(self, served: Any) -> None:
+        self.entered: list[list[int]] = []
+        self.answered: list[tuple[str, int]] = []
+        original = served.generate
+
+        async def spy(req: ModelRequest) -> Any:
+            self.entered.append(list(req.input_ids))
+            resp = await original(req)
+            self.answered.append((resp.stop_reason, len(resp.output_tokens)))
+            return resp
+
+        served.generate = spy
+
+
+async def test_chat_and_completions_match_the_in_process_engine(
+    kit: Any, sk: Any, tiny: Any
+) -> None:
+    reference, engine = kit.engine(), kit.engine()
+    vision = sk.prompt_request(tiny.processor, GREEDY)
+    sampled = sk.prompt_request(tiny.processor, SAMPLED, "Go home")
+    text = kit.text_request(GREEDY)
+    try:
+        expected = [await reference.agenerate(r) for r in (vision, sampled, text)]
+        with (
+            sk.serving(engine, "vllm") as srv,
+            sk.areal_client(RemotevLLMEngine, srv.addr) as client,
+        ):
+            got = [await client.agenerate(_on_wire(r)) for r in (vision, sampled, text)]
+        for out, ref in zip(got, expected, strict=True):
+            assert out.output_tokens == ref.output_tokens
+            assert out.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-5)
+            assert out.stop_reason == ref.stop_reason
+    finally:
+        reference.destroy()
+        engine.destroy()
+
+
+async def test_chat_answer_reports_the_prompt_it_built(kit: Any, sk: Any, tiny: Any) -> None:
+    """Finding 11: ``usage.prompt_tokens`` and ``prompt_token_ids`` let the client check that
+    the server built exactly the prompt builder's ids from the chat messages."""
+    engine = kit.engine()
+    req = sk.prompt_request(tiny.processor, GREEDY)
+    payload = VLLMBackend().build_generation_request(_on_wire(req), False, 0).payload
+    payload["return_token_ids"] = True
+    try:
+        with sk.serving(engine, "vllm") as srv:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+                body = (await http.post("/v1/chat/completions", json=payload)).json()
+                url = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+                remote = copy.deepcopy(payload)
+                remote["messages"][1]["content"][0] = url
+                refused = await http.post("/v1/chat/completions", json=remote)
+                health = await http.get("/health")
+        assert body["object"] == "chat.completion"
+        assert body["usage"]["prompt_tokens"] == len(req.input_ids)
+        assert body["prompt_token_ids"] == req.input_ids
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert [int(c["token"].split(":")[1]) for c in choice["logprobs"]["content"]] == choice[
+            "token_ids"
+        ]
+        assert refused.status_code == 400
+        assert "inline images only" in refused.json()["error"]["message"]
+        assert health.status_code == 200
+    finally:
+        engine.destroy()
+
+
+async def _abort_mid_turn(
+    sk: Any, engine: Any, client: Any, req: ModelRequest, between: Any = None
+) -> Any:
+    """Run ``req`` through AReaL's client and, after 6 tokens, do what ``PPOTrainer`` does
+    around a weight update: ``rollout.pause()``, ``pause_generation`` (servers abort),
+    ``between`` (the update), ``continue_generation``, ``rollout.resume()``."""
+    gate = sk.ForwardGate(engine.model, at=5)
+    aborted = sk.abort_spy(engine)
+    try:
+        task = asyncio.create_task(client.agenerate(_on_wire(req)))
+        await gate.wait_blocked()
+        client.pause()
+        pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
+        await asyncio.to_thread(aborted.wait, sk.WAIT_S)
+        gate.release()
+        await pausing
+        if between is not None:
+            await between()
+        await asyncio.to_thread(client.continue_generation)
+        client.resume()
+        return await task
+    finally:
+        gate.close()
+
+
+async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
+    reference, engine = kit.engine(), kit.engine()
+    req = kit.text_request(GREEDY)
+    try:
+        full = await reference.agenerate(req)
+        with (
+            sk.serving(engine, "vllm") as srv,
+            sk.areal_client(RemotevLLMEngine, srv.addr) as client,
+        ):
+            spy = GenerateSpy(srv.served)
+            out = await _abort_mid_turn(sk, engine, client, req)
+        assert spy.entered == [req.input_ids, req.input_ids + full.output_tokens[:6]]
+        assert out.output_tokens == full.output_tokens
+        assert out.output_logprobs == pytest.approx(full.output_logprobs, abs=1e-5)
+    finally:
+        reference.destroy()
+        engine.destroy()
+
+
+async def test_stock_areal_concatenates_an_aborted_vision_turn(
+    kit: Any, sk: Any, tiny: Any
+) -> None:
+    """Finding 5, reproduced with AReaL's own client against vLLM's abort semantics: the turn
+    becomes the partial followed by a fresh answer to the same messages."""
+    reference, engine = kit.engine(), kit.engine()
+    req = sk.prompt_request(tiny.processor, GREEDY)
+    try:
+        full = await reference.agenerate(req)
+        with (
+            sk.serving(engine, "vllm") as srv,
+            sk.areal_client(RemotevLLMEngine, srv.addr) as client,
+        ):
+            spy = GenerateSpy(srv.served)
+            out = await _abort_mid_turn(sk, engine, client, req)
+        assert spy.entered == [req.input_ids, req.input_ids]  # the partial is not sent back
+        assert spy.answered == [("abort", 6), ("length", 18)]
+        assert out.output_tokens == full.output_tokens[:6] + full.output_tokens[:18]
+        assert out.output_tokens != full.output_tokens
+    finally:
+        reference.destroy()
+        engine.destroy()
+
+
+async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
+    kit: Any, sk: Any, tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``restart_chat_on_abort`` the aborted partial is dropped and the whole turn is the
+    answer of the updated model to the original messages (AReaL's disk update flow)."""
+    checkpoint = tmp_path / "weight_update_v1"
+    model = kit.engine().model
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    model.save_pretrained(checkpoint)
+    repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
+    monkeypatch.setattr(name_resolve, "wait", repo.wait)
+    new, engine = kit.engine(), kit.engine()
+    new.update_weights_from_disk(checkpoint).result()
+    req = sk.prompt_request(tiny.processor, GREEDY)
+    meta = WeightUpdateMeta(type="disk", path=str(checkpoint), clear_checkpoint_after_load=False)
+    try:
+        full_new = await new.agenerate(req)
+        with (
+            sk.serving(engine, "vllm") as srv,
+            sk.areal_client(RemotevLLMEngine, srv.addr) as client,
+        ):
+            assert restart_chat_on_abort(client)
+            assert restart_chat_on_abort(client)  # idempotent
+            assert isinstance(client._engine.backend, RestartingVLLMBackend)
+            spy = GenerateSpy(srv.served)
+
+            async def update() -> None:
+                key = names.update_weights_from_disk("serve-test", "trial", client.get_version())
+                repo.add(key, str(time.time()), replace=True)
+                await asyncio.wrap_future(client.update_weights_from_disk(meta))
+                client.set_version(1)
+
+            out = await _abort_mid_turn(sk, engine, client, req, between=update)
+        assert spy.answered == [("abort", 6), ("length", 24)]
+        assert out.output_tokens == full_new.output_tokens
+        assert out.output_logprobs == pytest.approx(full_new.output_logprobs, abs=1e-5)
+        assert out.output_versions == [1] * 24
+        assert out.stop_reason == "length"
+    finally:
+        new.destroy()
+        engine.destroy()
+
+
+def test_restart_chat_on_abort_leaves_other_engines_alone(kit: Any) -> None:
+    engine = kit.engine()
+    try:
+        assert restart_chat_on_abort(engine) is False
+    finally:
+        engine.destroy()
+    completion = {
+        "object": "text_completion",
+        "choices": [
+            {
+                "finish_reason": "abort",
+                "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5]},
+            }
+        ],
+    }
+    parsed = RestartingVLLMBackend().parse_generation_response(completion)
+    assert parsed.output_tokens == [7]  # the text path continues exactly: keep its partial
