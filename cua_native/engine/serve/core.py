@@ -93,7 +93,6 @@ class ServedModel:
         """Close admission and abort everything in flight; returns when nothing is left."""
         async with self._cond:
             self._paused = True
-        self.engine.pause_generation()
         await self._abort_inflight()
 
     async def resume(self) -> None:

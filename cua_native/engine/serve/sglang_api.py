@@ -193,8 +193,11 @@ def sglang_router(served: ServedModel) -> APIRouter:
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> PlainTextResponse:
-        # Prefix caching does not exist in the in-process engine: nothing outlives a request.
-        return PlainTextResponse("Cache flushed.\n")
+        # The in-process engine keeps no prefix cache: nothing outlives a request.
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n"
+        )
 
     @router.post("/pause_generation")
     async def pause_generation(request: Request) -> JSONResponse:
