@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import socket
 import threading
 import time
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 import uvicorn
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
-from areal.api.io_struct import ModelRequest
+from areal.api.io_struct import ModelRequest, ModelResponse
 from PIL import Image
 
 from cua_native.engine import InProcessEngine
@@ -168,6 +171,40 @@ def screenshot() -> Image.Image:
     return image
 
 
+def on_wire(req: ModelRequest) -> ModelRequest:
+    """What a remote engine gets: ids, base64 images and chat messages, no processor tensors
+    (a private copy: AReaL's vLLM backend rewrites the messages in place)."""
+    return dataclasses.replace(req, metadata={}, vision_msg_vllm=copy.deepcopy(req.vision_msg_vllm))
+
+
+def perturbed_state(engine: InProcessEngine, seed: int) -> dict[str, torch.Tensor]:
+    """``engine``'s weights plus small seeded noise: a stand-in for a training step."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: tensor + torch.randn(tensor.shape, generator=generator) * 0.05
+        if tensor.is_floating_point()
+        else tensor.clone()
+        for name, tensor in engine.model.state_dict().items()
+    }
+
+
+class GenerateSpy:
+    """Records the prompts ``ServedModel.generate`` gets and how each answer ended."""
+
+    def __init__(self, served: ServedModel) -> None:
+        self.entered: list[list[int]] = []
+        self.answered: list[tuple[str, int]] = []
+        original = served.generate
+
+        async def spy(req: ModelRequest) -> ModelResponse:
+            self.entered.append(list(req.input_ids))
+            resp = await original(req)
+            self.answered.append((resp.stop_reason, len(resp.output_tokens)))
+            return resp
+
+        served.generate = spy  # type: ignore[method-assign]
+
+
 class ServeKit:
     """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
 
@@ -179,6 +216,9 @@ class ServeKit:
     areal_client = staticmethod(areal_client)
     client_config = staticmethod(client_config)
     prompt_request = staticmethod(prompt_request)
+    on_wire = staticmethod(on_wire)
+    perturbed_state = staticmethod(perturbed_state)
+    GenerateSpy = GenerateSpy
 
 
 @pytest.fixture(scope="session")

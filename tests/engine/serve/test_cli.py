@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 from areal.api.alloc_mode import ModelAllocation
 from areal.api.cli_args import GenerationHyperparameters
@@ -107,22 +106,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _perturbed(kit: Any) -> dict[str, torch.Tensor]:
-    model = kit.engine().model
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 @pytest.mark.parametrize("client_cls", [RemoteSGLangEngine, RemotevLLMEngine])
 async def test_xccl_weight_update_through_the_cli_server(
     kit: Any, sk: Any, tiny: Any, tmp_path: Path, client_cls: type
 ) -> None:
     backend = "sglang" if client_cls is RemoteSGLangEngine else "vllm"
-    new_weights = _perturbed(kit)
     reference = kit.engine()
+    new_weights = sk.perturbed_state(reference, seed=2)
     reference.update_weights_from_state_dict(new_weights).result()
     req = kit.text_request(GREEDY)
     expected = await reference.agenerate(req)

@@ -10,9 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from areal.api.cli_args import GenerationHyperparameters
-from areal.api.io_struct import ModelRequest, WeightUpdateMeta
+from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.sglang_remote import RemoteSGLangEngine
 from areal.utils import name_resolve, names
 from areal.utils.name_resolve import NfsNameRecordRepository
@@ -21,45 +20,28 @@ GREEDY = GenerationHyperparameters(max_new_tokens=24, greedy=True, ignore_eos=Tr
 SAMPLED = GenerationHyperparameters(max_new_tokens=16, temperature=1.0, top_p=0.9)
 
 
-def _on_wire(req: ModelRequest) -> ModelRequest:
-    """What a remote engine gets: ids and base64 images, not the processor's tensors."""
-    return dataclasses.replace(req, metadata={})
-
-
-class GenerateSpy:
-    """Records what ``ServedModel.generate`` is called with and answers."""
-
-    def __init__(self, served: Any) -> None:
-        self.entered: list[list[int]] = []
-        self.answered: list[tuple[str, int]] = []
-        original = served.generate
-
-        async def spy(req: ModelRequest) -> Any:
-            self.entered.append(list(req.input_ids))
-            resp = await original(req)
-            self.answered.append((resp.stop_reason, len(resp.output_tokens)))
-            return resp
-
-        served.generate = spy
-
-
-async def test_generate_matches_the_in_process_engine(kit: Any, sk: Any) -> None:
+async def test_generate_matches_the_in_process_engine(kit: Any, sk: Any, tiny: Any) -> None:
+    """Greedy and seeded sampling, a processor-built prompt and one from the project's prompt
+    pipeline: the server rebuilds the vision inputs from ids + base64 images exactly."""
     reference = kit.engine()
     engine = kit.engine()
+    requests = [
+        kit.vision_request(GREEDY),
+        kit.vision_request(SAMPLED),
+        sk.prompt_request(tiny.processor, GREEDY),
+    ]
     try:
-        greedy_ref = await reference.agenerate(kit.vision_request(GREEDY))
-        sampled_ref = await reference.agenerate(kit.vision_request(SAMPLED))
+        expected = [await reference.agenerate(r) for r in requests]
         with (
             sk.serving(engine, "sglang") as srv,
             sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
         ):
-            greedy = await client.agenerate(_on_wire(kit.vision_request(GREEDY)))
-            sampled = await client.agenerate(_on_wire(kit.vision_request(SAMPLED)))
-        for got, ref in ((greedy, greedy_ref), (sampled, sampled_ref)):
-            assert got.output_tokens == ref.output_tokens
-            assert got.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-5)
-            assert got.input_tokens == ref.input_tokens
-            assert got.stop_reason == ref.stop_reason
+            got = [await client.agenerate(sk.on_wire(r)) for r in requests]
+        for out, ref in zip(got, expected, strict=True):
+            assert out.output_tokens == ref.output_tokens
+            assert out.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-5)
+            assert out.input_tokens == ref.input_tokens
+            assert out.stop_reason == ref.stop_reason
     finally:
         reference.destroy()
         engine.destroy()
@@ -109,8 +91,8 @@ async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, s
             sk.serving(engine, "sglang") as srv,
             sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
         ):
-            spy = GenerateSpy(srv.served)
-            task = asyncio.create_task(client.agenerate(_on_wire(kit.vision_request(GREEDY))))
+            spy = sk.GenerateSpy(srv.served)
+            task = asyncio.create_task(client.agenerate(sk.on_wire(kit.vision_request(GREEDY))))
             await gate.wait_blocked()
             pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
             await asyncio.to_thread(aborted.wait, sk.WAIT_S)
@@ -171,22 +153,16 @@ async def test_queued_requests_abort_before_prefill(kit: Any, sk: Any) -> None:
         engine.destroy()
 
 
-def _perturbed_checkpoint(kit: Any, path: Path) -> Path:
-    model = kit.engine().model  # a private copy
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(1)
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    model.save_pretrained(path)
-    return path
-
-
 async def test_weight_update_from_disk_mid_turn(
     kit: Any, sk: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """AReaL's disk update flow (pause, update with abort, continue) while a turn is running:
     the turn keeps the old weights' tokens and continues exactly under the new ones."""
-    checkpoint = _perturbed_checkpoint(kit, tmp_path / "weight_update_v1")
+    checkpoint = tmp_path / "weight_update_v1"
+    saver = kit.engine()
+    saver.update_weights_from_state_dict(sk.perturbed_state(saver, seed=1)).result()
+    saver.model.save_pretrained(checkpoint)
+    saver.destroy()
     repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
     monkeypatch.setattr(name_resolve, "wait", repo.wait)
     old, new, engine = kit.engine(), kit.engine(), kit.engine()
@@ -200,7 +176,7 @@ async def test_weight_update_from_disk_mid_turn(
             sk.serving(engine, "sglang") as srv,
             sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
         ):
-            task = asyncio.create_task(client.agenerate(_on_wire(kit.vision_request(GREEDY))))
+            task = asyncio.create_task(client.agenerate(sk.on_wire(kit.vision_request(GREEDY))))
             await gate.wait_blocked()
             pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
             await asyncio.to_thread(aborted.wait, sk.WAIT_S)
@@ -213,7 +189,7 @@ async def test_weight_update_from_disk_mid_turn(
             client.set_version(1)
             await asyncio.to_thread(client.continue_generation)
             out = await task
-            fresh = await client.agenerate(_on_wire(kit.vision_request(GREEDY)))
+            fresh = await client.agenerate(sk.on_wire(kit.vision_request(GREEDY)))
         head = before.output_tokens[:6]
         resumed = kit.vision_request(dataclasses.replace(GREEDY, max_new_tokens=18))
         resumed.input_ids = resumed.input_ids + head

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest, WeightUpdateMeta
 from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
@@ -24,28 +22,6 @@ from cua_native.engine.vllm_restart import RestartingVLLMBackend, restart_chat_o
 
 GREEDY = GenerationHyperparameters(max_new_tokens=24, greedy=True, ignore_eos=True)
 SAMPLED = GenerationHyperparameters(max_new_tokens=16, temperature=1.0, top_p=0.9)
-
-
-def _on_wire(req: ModelRequest) -> ModelRequest:
-    """What a remote engine gets: no processor tensors."""
-    return dataclasses.replace(req, metadata={}, vision_msg_vllm=copy.deepcopy(req.vision_msg_vllm))
-
-
-class GenerateSpy:
-    """Records what ``ServedModel.generate`` is called with and answers."""
-
-    def __init__(self, served: Any) -> None:
-        self.entered: list[list[int]] = []
-        self.answered: list[tuple[str, int]] = []
-        original = served.generate
-
-        async def spy(req: ModelRequest) -> Any:
-            self.entered.append(list(req.input_ids))
-            resp = await original(req)
-            self.answered.append((resp.stop_reason, len(resp.output_tokens)))
-            return resp
-
-        served.generate = spy
 
 
 async def test_chat_and_completions_match_the_in_process_engine(
@@ -61,7 +37,7 @@ async def test_chat_and_completions_match_the_in_process_engine(
             sk.serving(engine, "vllm") as srv,
             sk.areal_client(RemotevLLMEngine, srv.addr) as client,
         ):
-            got = [await client.agenerate(_on_wire(r)) for r in (vision, sampled, text)]
+            got = [await client.agenerate(sk.on_wire(r)) for r in (vision, sampled, text)]
         for out, ref in zip(got, expected, strict=True):
             assert out.output_tokens == ref.output_tokens
             assert out.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-5)
@@ -76,7 +52,7 @@ async def test_chat_answer_reports_the_prompt_it_built(kit: Any, sk: Any, tiny: 
     the server built exactly the prompt builder's ids from the chat messages."""
     engine = kit.engine()
     req = sk.prompt_request(tiny.processor, GREEDY)
-    payload = VLLMBackend().build_generation_request(_on_wire(req), False, 0).payload
+    payload = VLLMBackend().build_generation_request(sk.on_wire(req), False, 0).payload
     payload["return_token_ids"] = True
     try:
         with sk.serving(engine, "vllm") as srv:
@@ -111,7 +87,7 @@ async def _abort_mid_turn(
     gate = sk.ForwardGate(engine.model, at=5)
     aborted = sk.abort_spy(engine)
     try:
-        task = asyncio.create_task(client.agenerate(_on_wire(req)))
+        task = asyncio.create_task(client.agenerate(sk.on_wire(req)))
         await gate.wait_blocked()
         client.pause()
         pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
@@ -136,7 +112,7 @@ async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
             sk.serving(engine, "vllm") as srv,
             sk.areal_client(RemotevLLMEngine, srv.addr) as client,
         ):
-            spy = GenerateSpy(srv.served)
+            spy = sk.GenerateSpy(srv.served)
             out = await _abort_mid_turn(sk, engine, client, req)
         assert spy.entered == [req.input_ids, req.input_ids + full.output_tokens[:6]]
         assert out.output_tokens == full.output_tokens
@@ -159,7 +135,7 @@ async def test_stock_areal_concatenates_an_aborted_vision_turn(
             sk.serving(engine, "vllm") as srv,
             sk.areal_client(RemotevLLMEngine, srv.addr) as client,
         ):
-            spy = GenerateSpy(srv.served)
+            spy = sk.GenerateSpy(srv.served)
             out = await _abort_mid_turn(sk, engine, client, req)
         assert spy.entered == [req.input_ids, req.input_ids]  # the partial is not sent back
         assert spy.answered == [("abort", 6), ("length", 18)]
@@ -176,12 +152,10 @@ async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
     """With ``restart_chat_on_abort`` the aborted partial is dropped and the whole turn is the
     answer of the updated model to the original messages (AReaL's disk update flow)."""
     checkpoint = tmp_path / "weight_update_v1"
-    model = kit.engine().model
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    model.save_pretrained(checkpoint)
+    saver = kit.engine()
+    saver.update_weights_from_state_dict(sk.perturbed_state(saver, seed=3)).result()
+    saver.model.save_pretrained(checkpoint)
+    saver.destroy()
     repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
     monkeypatch.setattr(name_resolve, "wait", repo.wait)
     new, engine = kit.engine(), kit.engine()
@@ -197,7 +171,7 @@ async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
             assert restart_chat_on_abort(client)
             assert restart_chat_on_abort(client)  # idempotent
             assert isinstance(client._engine.backend, RestartingVLLMBackend)
-            spy = GenerateSpy(srv.served)
+            spy = sk.GenerateSpy(srv.served)
 
             async def update() -> None:
                 key = names.update_weights_from_disk("serve-test", "trial", client.get_version())
