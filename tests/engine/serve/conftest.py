@@ -14,13 +14,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import uvicorn
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
-from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from areal.utils import name_resolve, names
+from areal.utils.name_resolve import NfsNameRecordRepository
 from PIL import Image
 
 from cua_native.engine import InProcessEngine
@@ -203,6 +206,42 @@ class GenerateSpy:
             return resp
 
         served.generate = spy  # type: ignore[method-assign]
+
+
+class DiskUpdate:
+    """A perturbed checkpoint on disk and AReaL's disk update of a client to it, announced the
+    way ``FSDPEngine`` announces a saved checkpoint (the name_resolve key the client waits for)."""
+
+    def __init__(self, kit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int):
+        self.path = tmp_path / f"weight_update_seed{seed}"
+        saver = kit.engine()
+        try:
+            saver.update_weights_from_state_dict(perturbed_state(saver, seed)).result()
+            saver.model.save_pretrained(self.path)
+        finally:
+            saver.destroy()
+        self._repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
+        monkeypatch.setattr(name_resolve, "wait", self._repo.wait)
+        self.meta = WeightUpdateMeta(
+            type="disk", path=str(self.path), clear_checkpoint_after_load=False
+        )
+
+    async def apply(self, client: Any, version: int) -> None:
+        """``client.update_weights_from_disk`` then ``set_version``, as the trainer does."""
+        config = client.config
+        key = names.update_weights_from_disk(
+            config.experiment_name, config.trial_name, client.get_version()
+        )
+        self._repo.add(key, str(time.time()), replace=True)
+        await asyncio.wrap_future(client.update_weights_from_disk(self.meta))
+        client.set_version(version)
+
+
+@pytest.fixture
+def disk_update(
+    kit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[int], DiskUpdate]:
+    return lambda seed: DiskUpdate(kit, tmp_path, monkeypatch, seed)
 
 
 class ServeKit:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from areal.api.cli_args import GenerationHyperparameters
-from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.sglang_remote import RemoteSGLangEngine
-from areal.utils import name_resolve, names
-from areal.utils.name_resolve import NfsNameRecordRepository
 
 GREEDY = GenerationHyperparameters(max_new_tokens=24, greedy=True, ignore_eos=True)
 SAMPLED = GenerationHyperparameters(max_new_tokens=16, temperature=1.0, top_p=0.9)
@@ -153,23 +148,14 @@ async def test_queued_requests_abort_before_prefill(kit: Any, sk: Any) -> None:
         engine.destroy()
 
 
-async def test_weight_update_from_disk_mid_turn(
-    kit: Any, sk: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_weight_update_from_disk_mid_turn(kit: Any, sk: Any, disk_update: Any) -> None:
     """AReaL's disk update flow (pause, update with abort, continue) while a turn is running:
     the turn keeps the old weights' tokens and continues exactly under the new ones."""
-    checkpoint = tmp_path / "weight_update_v1"
-    saver = kit.engine()
-    saver.update_weights_from_state_dict(sk.perturbed_state(saver, seed=1)).result()
-    saver.model.save_pretrained(checkpoint)
-    saver.destroy()
-    repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
-    monkeypatch.setattr(name_resolve, "wait", repo.wait)
+    update = disk_update(1)
     old, new, engine = kit.engine(), kit.engine(), kit.engine()
-    new.update_weights_from_disk(checkpoint).result()
+    new.update_weights_from_disk(update.path).result()
     gate = sk.ForwardGate(engine.model, at=5)
     aborted = sk.abort_spy(engine)
-    meta = WeightUpdateMeta(type="disk", path=str(checkpoint), clear_checkpoint_after_load=False)
     try:
         before = await old.agenerate(kit.vision_request(GREEDY))
         with (
@@ -182,11 +168,7 @@ async def test_weight_update_from_disk_mid_turn(
             await asyncio.to_thread(aborted.wait, sk.WAIT_S)
             gate.release()
             await pausing
-            # What FSDPEngine does on rank 0: announce the saved checkpoint, update, continue.
-            key = names.update_weights_from_disk("serve-test", "trial", client.get_version())
-            repo.add(key, str(time.time()), replace=True)
-            await asyncio.wrap_future(client.update_weights_from_disk(meta))
-            client.set_version(1)
+            await update.apply(client, version=1)
             await asyncio.to_thread(client.continue_generation)
             out = await task
             fresh = await client.agenerate(sk.on_wire(kit.vision_request(GREEDY)))

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from areal.api.cli_args import GenerationHyperparameters
-from areal.api.io_struct import ModelRequest, WeightUpdateMeta
+from areal.api.io_struct import ModelRequest
 from areal.engine.vllm_remote import RemotevLLMEngine, VLLMBackend
-from areal.utils import name_resolve, names
-from areal.utils.name_resolve import NfsNameRecordRepository
 
 from cua_native.engine.vllm_restart import RestartingVLLMBackend, restart_chat_on_abort
 
@@ -103,9 +99,9 @@ async def _abort_mid_turn(
         gate.close()
 
 
-async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
+async def _stock_abort(kit: Any, sk: Any, req: ModelRequest) -> tuple[Any, Any, Any]:
+    """(uninterrupted answer, server-side spy, AReaL's answer with a pause after 6 tokens)."""
     reference, engine = kit.engine(), kit.engine()
-    req = kit.text_request(GREEDY)
     try:
         full = await reference.agenerate(req)
         with (
@@ -114,12 +110,18 @@ async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
         ):
             spy = sk.GenerateSpy(srv.served)
             out = await _abort_mid_turn(sk, engine, client, req)
-        assert spy.entered == [req.input_ids, req.input_ids + full.output_tokens[:6]]
-        assert out.output_tokens == full.output_tokens
-        assert out.output_logprobs == pytest.approx(full.output_logprobs, abs=1e-5)
+        return full, spy, out
     finally:
         reference.destroy()
         engine.destroy()
+
+
+async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
+    req = kit.text_request(GREEDY)
+    full, spy, out = await _stock_abort(kit, sk, req)
+    assert spy.entered == [req.input_ids, req.input_ids + full.output_tokens[:6]]
+    assert out.output_tokens == full.output_tokens
+    assert out.output_logprobs == pytest.approx(full.output_logprobs, abs=1e-5)
 
 
 async def test_stock_areal_concatenates_an_aborted_vision_turn(
@@ -127,41 +129,23 @@ async def test_stock_areal_concatenates_an_aborted_vision_turn(
 ) -> None:
     """Finding 5, reproduced with AReaL's own client against vLLM's abort semantics: the turn
     becomes the partial followed by a fresh answer to the same messages."""
-    reference, engine = kit.engine(), kit.engine()
     req = sk.prompt_request(tiny.processor, GREEDY)
-    try:
-        full = await reference.agenerate(req)
-        with (
-            sk.serving(engine, "vllm") as srv,
-            sk.areal_client(RemotevLLMEngine, srv.addr) as client,
-        ):
-            spy = sk.GenerateSpy(srv.served)
-            out = await _abort_mid_turn(sk, engine, client, req)
-        assert spy.entered == [req.input_ids, req.input_ids]  # the partial is not sent back
-        assert spy.answered == [("abort", 6), ("length", 18)]
-        assert out.output_tokens == full.output_tokens[:6] + full.output_tokens[:18]
-        assert out.output_tokens != full.output_tokens
-    finally:
-        reference.destroy()
-        engine.destroy()
+    full, spy, out = await _stock_abort(kit, sk, req)
+    assert spy.entered == [req.input_ids, req.input_ids]  # the partial is not sent back
+    assert spy.answered == [("abort", 6), ("length", 18)]
+    assert out.output_tokens == full.output_tokens[:6] + full.output_tokens[:18]
+    assert out.output_tokens != full.output_tokens
 
 
 async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
-    kit: Any, sk: Any, tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kit: Any, sk: Any, tiny: Any, disk_update: Any
 ) -> None:
     """With ``restart_chat_on_abort`` the aborted partial is dropped and the whole turn is the
     answer of the updated model to the original messages (AReaL's disk update flow)."""
-    checkpoint = tmp_path / "weight_update_v1"
-    saver = kit.engine()
-    saver.update_weights_from_state_dict(sk.perturbed_state(saver, seed=3)).result()
-    saver.model.save_pretrained(checkpoint)
-    saver.destroy()
-    repo = NfsNameRecordRepository(str(tmp_path / "name_resolve"))
-    monkeypatch.setattr(name_resolve, "wait", repo.wait)
+    update = disk_update(3)
     new, engine = kit.engine(), kit.engine()
-    new.update_weights_from_disk(checkpoint).result()
+    new.update_weights_from_disk(update.path).result()
     req = sk.prompt_request(tiny.processor, GREEDY)
-    meta = WeightUpdateMeta(type="disk", path=str(checkpoint), clear_checkpoint_after_load=False)
     try:
         full_new = await new.agenerate(req)
         with (
@@ -172,14 +156,9 @@ async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
             assert restart_chat_on_abort(client)  # idempotent
             assert isinstance(client._engine.backend, RestartingVLLMBackend)
             spy = sk.GenerateSpy(srv.served)
-
-            async def update() -> None:
-                key = names.update_weights_from_disk("serve-test", "trial", client.get_version())
-                repo.add(key, str(time.time()), replace=True)
-                await asyncio.wrap_future(client.update_weights_from_disk(meta))
-                client.set_version(1)
-
-            out = await _abort_mid_turn(sk, engine, client, req, between=update)
+            out = await _abort_mid_turn(
+                sk, engine, client, req, between=lambda: update.apply(client, version=1)
+            )
         assert spy.answered == [("abort", 6), ("length", 24)]
         assert out.output_tokens == full_new.output_tokens
         assert out.output_logprobs == pytest.approx(full_new.output_logprobs, abs=1e-5)
