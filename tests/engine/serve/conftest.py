@@ -11,7 +11,7 @@ import dataclasses
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +244,41 @@ def disk_update(
     return lambda seed: DiskUpdate(kit, tmp_path, monkeypatch, seed)
 
 
+async def abort_mid_turn(
+    engine: InProcessEngine,
+    client: Any,
+    req: ModelRequest,
+    between: Callable[[], Awaitable[None]] | None = None,
+    *,
+    rollout_pause: bool = True,
+) -> ModelResponse:
+    """Run ``req`` through AReaL's ``client`` and, after 6 tokens, do what ``PPOTrainer`` does
+    around a weight update: ``rollout.pause()`` (when ``rollout_pause``), ``pause_generation``
+    (the server aborts the turn), ``between`` (the update), ``continue_generation``,
+    ``rollout.resume()``. Without ``rollout_pause`` the client resubmits at once and the
+    resubmission waits at the paused server."""
+    gate = ForwardGate(engine.model, at=5)
+    aborted = abort_spy(engine)
+    try:
+        task = asyncio.create_task(client.agenerate(on_wire(req)))
+        await gate.wait_blocked()
+        if rollout_pause:
+            client.pause()
+        pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
+        if not await asyncio.to_thread(aborted.wait, WAIT_S):
+            raise TimeoutError("pause_generation never aborted")
+        gate.release()
+        await pausing
+        if between is not None:
+            await between()
+        await asyncio.to_thread(client.continue_generation)
+        if rollout_pause:
+            client.resume()
+        return await task
+    finally:
+        gate.close()
+
+
 class ServeKit:
     """The helpers above, handed to tests as a fixture (importlib mode cannot import conftest)."""
 
@@ -258,6 +293,7 @@ class ServeKit:
     on_wire = staticmethod(on_wire)
     perturbed_state = staticmethod(perturbed_state)
     GenerateSpy = GenerateSpy
+    abort_mid_turn = staticmethod(abort_mid_turn)
 
 
 @pytest.fixture(scope="session")

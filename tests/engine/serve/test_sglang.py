@@ -76,10 +76,8 @@ async def test_generate_answer_has_sglang_shape(kit: Any, sk: Any) -> None:
 
 
 async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, sk: Any) -> None:
-    reference = kit.engine()
-    engine = kit.engine()
-    gate = sk.ForwardGate(engine.model, at=5)
-    aborted = sk.abort_spy(engine)
+    reference, engine = kit.engine(), kit.engine()
+    prompt = kit.vision_request(GREEDY).input_ids
     try:
         full = await reference.agenerate(kit.vision_request(GREEDY))
         with (
@@ -87,18 +85,15 @@ async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, s
             sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
         ):
             spy = sk.GenerateSpy(srv.served)
-            task = asyncio.create_task(client.agenerate(sk.on_wire(kit.vision_request(GREEDY))))
-            await gate.wait_blocked()
-            pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
-            await asyncio.to_thread(aborted.wait, sk.WAIT_S)
-            gate.release()
-            await pausing  # returns once nothing is in flight
-            await sk.wait_until(lambda: len(spy.entered) == 2, "the client's resubmission")
-            assert srv.served.inflight == 0  # the resubmission waits at the paused gate
-            assert spy.answered == [("abort", 6)]
-            await asyncio.to_thread(client.continue_generation)
-            out = await task
-        prompt = kit.vision_request(GREEDY).input_ids
+
+            async def while_paused() -> None:
+                await sk.wait_until(lambda: len(spy.entered) == 2, "the client's resubmission")
+                assert srv.served.inflight == 0  # the resubmission waits at the paused gate
+                assert spy.answered == [("abort", 6)]
+
+            out = await sk.abort_mid_turn(
+                engine, client, kit.vision_request(GREEDY), while_paused, rollout_pause=False
+            )
         assert spy.entered == [prompt, prompt + full.output_tokens[:6]]
         assert spy.answered == [("abort", 6), ("length", 18)]
         assert out.output_tokens == full.output_tokens  # exact continuation
@@ -106,7 +101,6 @@ async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, s
         assert out.input_tokens == prompt
         assert out.stop_reason == "length"
     finally:
-        gate.close()
         reference.destroy()
         engine.destroy()
 
@@ -154,23 +148,19 @@ async def test_weight_update_from_disk_mid_turn(kit: Any, sk: Any, disk_update: 
     update = disk_update(1)
     old, new, engine = kit.engine(), kit.engine(), kit.engine()
     new.update_weights_from_disk(update.path).result()
-    gate = sk.ForwardGate(engine.model, at=5)
-    aborted = sk.abort_spy(engine)
     try:
         before = await old.agenerate(kit.vision_request(GREEDY))
         with (
             sk.serving(engine, "sglang") as srv,
             sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
         ):
-            task = asyncio.create_task(client.agenerate(sk.on_wire(kit.vision_request(GREEDY))))
-            await gate.wait_blocked()
-            pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
-            await asyncio.to_thread(aborted.wait, sk.WAIT_S)
-            gate.release()
-            await pausing
-            await update.apply(client, version=1)
-            await asyncio.to_thread(client.continue_generation)
-            out = await task
+            out = await sk.abort_mid_turn(
+                engine,
+                client,
+                kit.vision_request(GREEDY),
+                lambda: update.apply(client, version=1),
+                rollout_pause=False,
+            )
             fresh = await client.agenerate(sk.on_wire(kit.vision_request(GREEDY)))
         head = before.output_tokens[:6]
         resumed = kit.vision_request(dataclasses.replace(GREEDY, max_new_tokens=18))
@@ -184,6 +174,5 @@ async def test_weight_update_from_disk_mid_turn(kit: Any, sk: Any, disk_update: 
         after = await new.agenerate(kit.vision_request(GREEDY))
         assert fresh.output_tokens == after.output_tokens != before.output_tokens
     finally:
-        gate.close()
         for e in (old, new, engine):
             e.destroy()

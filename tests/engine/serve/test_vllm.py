@@ -4,7 +4,6 @@ what AReaL's client makes of a vision (chat) turn aborted by a pause, with and w
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
@@ -74,31 +73,6 @@ async def test_chat_answer_reports_the_prompt_it_built(kit: Any, sk: Any, tiny: 
         engine.destroy()
 
 
-async def _abort_mid_turn(
-    sk: Any, engine: Any, client: Any, req: ModelRequest, between: Any = None
-) -> Any:
-    """Run ``req`` through AReaL's client and, after 6 tokens, do what ``PPOTrainer`` does
-    around a weight update: ``rollout.pause()``, ``pause_generation`` (servers abort),
-    ``between`` (the update), ``continue_generation``, ``rollout.resume()``."""
-    gate = sk.ForwardGate(engine.model, at=5)
-    aborted = sk.abort_spy(engine)
-    try:
-        task = asyncio.create_task(client.agenerate(sk.on_wire(req)))
-        await gate.wait_blocked()
-        client.pause()
-        pausing = asyncio.create_task(asyncio.to_thread(client.pause_generation))
-        await asyncio.to_thread(aborted.wait, sk.WAIT_S)
-        gate.release()
-        await pausing
-        if between is not None:
-            await between()
-        await asyncio.to_thread(client.continue_generation)
-        client.resume()
-        return await task
-    finally:
-        gate.close()
-
-
 async def _stock_abort(kit: Any, sk: Any, req: ModelRequest) -> tuple[Any, Any, Any]:
     """(uninterrupted answer, server-side spy, AReaL's answer with a pause after 6 tokens)."""
     reference, engine = kit.engine(), kit.engine()
@@ -109,7 +83,7 @@ async def _stock_abort(kit: Any, sk: Any, req: ModelRequest) -> tuple[Any, Any, 
             sk.areal_client(RemotevLLMEngine, srv.addr) as client,
         ):
             spy = sk.GenerateSpy(srv.served)
-            out = await _abort_mid_turn(sk, engine, client, req)
+            out = await sk.abort_mid_turn(engine, client, req)
         return full, spy, out
     finally:
         reference.destroy()
@@ -156,8 +130,8 @@ async def test_restart_chat_on_abort_restarts_the_turn_under_new_weights(
             assert restart_chat_on_abort(client)  # idempotent
             assert isinstance(client._engine.backend, RestartingVLLMBackend)
             spy = sk.GenerateSpy(srv.served)
-            out = await _abort_mid_turn(
-                sk, engine, client, req, between=lambda: update.apply(client, version=1)
+            out = await sk.abort_mid_turn(
+                engine, client, req, between=lambda: update.apply(client, version=1)
             )
         assert spy.answered == [("abort", 6), ("length", 24)]
         assert out.output_tokens == full_new.output_tokens
