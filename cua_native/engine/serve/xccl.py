@@ -54,7 +54,9 @@ class WeightGroups:
     ) -> None:
         from areal.engine.core.distributed import init_custom_process_group
 
-        self.tensor_device(backend)  # refuse an impossible backend before the rendezvous
+        device = self.tensor_device(backend)  # refuse an impossible backend before the rendezvous
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds this thread's communicator to it
         with self._lock:
             if group_name in self._groups:
                 raise ValueError(f"weight update group {group_name!r} already exists")
@@ -90,6 +92,8 @@ class WeightGroups:
             )
         group, backend = entry
         device = self.tensor_device(backend)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = []
         for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
             torch_dtype = getattr(torch, str(dtype).removeprefix("torch."), None)
