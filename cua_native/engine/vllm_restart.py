@@ -9,7 +9,8 @@ unchanged messages. The server therefore generates a fresh answer from the start
 becomes partial + fresh answer (``<thinking>…<thinking>…``), which parses and is trained on.
 
 A continuation cannot be made exact over the chat API (the partial would have to go back as
-text and be re-tokenized), so the turn is restarted instead: ``RestartingVLLMBackend`` answers
+text and be re-tokenized, which does not reproduce its ids in general), so the turn is
+restarted instead: ``RestartingVLLMBackend`` answers
 an aborted chat response as "aborted before any token" (AReaL's own empty-abort case), so
 AReaL's loop keeps nothing of the partial, leaves ``input_ids`` and ``max_new_tokens`` as they
 were and re-sends the original messages, whose answer is generated entirely under the new

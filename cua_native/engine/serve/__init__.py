@@ -21,8 +21,9 @@ Abort and resubmission (finding 5 of issue 12):
   logprobs, tokens after it the new weights'. Tested with AReaL's ``RemoteSGLangEngine``.
 * **vLLM, vision (chat) path**: the server answers an aborted chat request with its partial
   output, as vLLM does, but AReaL's client then re-sends the *original* messages (without the
-  partial) and concatenates partial + a fresh answer. No server can make that exact (the
-  partial's text cannot be re-tokenized into the same ids), so the fix is on the client:
+  partial) and concatenates partial + a fresh answer. The server cannot repair this (the
+  resubmission is indistinguishable from a new request, and sending the partial back as text
+  would re-tokenize it, which does not reproduce its ids in general), so the fix is on the client:
   ``cua_native.engine.vllm_restart`` makes AReaL's vLLM backend drop an aborted chat partial,
   so the turn restarts cleanly from the original messages under the new weights. The test
   suite shows both AReaL's stock concatenation and the restart with this server.
