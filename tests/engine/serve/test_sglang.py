@@ -88,6 +88,7 @@ async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, s
 
             async def while_paused() -> None:
                 await sk.wait_until(lambda: len(spy.entered) == 2, "the client's resubmission")
+                assert srv.served.paused
                 assert srv.served.inflight == 0  # the resubmission waits at the paused gate
                 assert spy.answered == [("abort", 6)]
 
