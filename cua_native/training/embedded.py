@@ -27,6 +27,7 @@ from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
+from cua_native.training.outcomes import TaskOutcomes
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class TrainReport:
     steps: list[StepSummary] = field(default_factory=list)
     baseline_success: float | None = None
     evals: dict[int, float] = field(default_factory=dict)
+    baseline_outcomes: dict[str, list[bool]] | None = None
+    """Task id → success of each baseline episode (for the paired interval)."""
+    eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
 
@@ -77,6 +81,12 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
     actor.ppo_update(advantages)
     actor.engine.lr_scheduler_step()
     return stats_tracker.export_all()
+
+
+def _eval_due(every: int, step: int, total_steps: int) -> bool:
+    """Evaluate every ``every`` steps and after the last step (so the final model is always
+    measured); never when ``every`` is 0."""
+    return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
@@ -108,7 +118,9 @@ class EmbeddedTrainer:
         from cua_native.training.warm_start import WARM_START_MARKER, warm_start, warm_start_key
 
         sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
-        key = warm_start_key(cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options)
+        key = warm_start_key(
+            cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options, tasks=cua.tasks
+        )
         target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{key}"
         if (target / WARM_START_MARKER).is_file():
             report.warm_start = {"reused": str(target)}
@@ -120,6 +132,8 @@ class EmbeddedTrainer:
             family=cua.agent.family,
             prompt_overrides=cua.agent.prompt,
             progress=self.progress,
+            tasks=cua.tasks,
+            gym_seeds=tuple(cua.warm_start.gym_seeds),
             demo_source=source_for(cua.agent.family, sim_options),
         )
         report.warm_start = dataclasses.asdict(result)
@@ -233,11 +247,13 @@ class EmbeddedTrainer:
             total_steps=total_steps,
             log_path=str(self.run_dir),
         )
-        recorder.tasks_registered(train_tasks + eval_tasks)
+        # A task played under several gym seeds is one task to the monitor.
+        recorder.tasks_registered(list({t.task_id: t for t in train_tasks + eval_tasks}.values()))
+        eval_agent = cua.agent.model_copy(update={"group_size": cua.eval_episodes_per_task})
 
         def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
             return workflow_cls(
-                cua.agent,
+                cua.agent if source == "step" else eval_agent,
                 source=source,
                 gym=gym,
                 processor=processor,
@@ -246,8 +262,10 @@ class EmbeddedTrainer:
 
         if cua.baseline and eval_tasks:
             tally = EpisodeTally()
+            outcomes = TaskOutcomes()
+            report.baseline_outcomes = outcomes.by_task
             report.baseline_success = await self._run_eval(
-                workflow("baseline", [tally]),
+                workflow("baseline", [tally, outcomes]),
                 engine,
                 eval_tasks,
                 0,
@@ -316,10 +334,12 @@ class EmbeddedTrainer:
                 success=f"{summary.success_rate:.0%}",
                 loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
             )
-            if cua.eval_every and eval_tasks and (step + 1) % cua.eval_every == 0:
+            if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
                 tally = EpisodeTally()
+                outcomes = TaskOutcomes()
+                report.eval_outcomes[step] = outcomes.by_task
                 report.evals[step] = await self._run_eval(
-                    workflow("eval", [tally]),
+                    workflow("eval", [tally, outcomes]),
                     engine,
                     eval_tasks,
                     step,
