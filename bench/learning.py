@@ -75,7 +75,9 @@ def start(job: Job, launcher: list[str], extra: list[str]) -> subprocess.Popen[b
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run_all(jobs: list[Job], parallel: int, cores: int, launcher: list[str], extra: list[str]) -> None:
+def run_all(
+    jobs: list[Job], parallel: int, cores: int, launcher: list[str], extra: list[str]
+) -> None:
     """Run ``jobs``, ``parallel`` at a time; record each one's wall and CPU seconds."""
     free = [list(range(i * cores, (i + 1) * cores)) for i in range(parallel)] if cores else []
     waiting = list(jobs)
@@ -115,23 +117,29 @@ def curve(evals: dict[str, Any]) -> str:
     parts = []
     for point in evals["points"]:
         name = "base" if point["step"] < 0 else f"s{point['step']}"
-        parts.append(f"{name} {point['rate']:.0%} [{point['low']:.0%},{point['high']:.0%}]")
+        errors = point.get("parse_errors_per_turn")
+        bad = f" pe{errors:.0%}" if errors is not None else ""
+        parts.append(f"{name} {point['rate']:.0%} [{point['low']:.0%},{point['high']:.0%}]{bad}")
     return "  ".join(parts)
 
 
 def summarize(jobs: list[Job], min_gain: float) -> bool:
     ok = True
     print()
-    print(f"{'variant':<18} {'seed':>4} {'base':>5} {'final':>5} {'gain':>6} {'95% CI':>16} "
-          f"{'wall s':>7} {'CPU s':>7}  curve (success rate [95% CI over tasks])")
+    print(
+        f"{'variant':<18} {'seed':>4} {'base':>5} {'final':>5} {'gain':>6} {'95% CI':>16} "
+        f"{'wall s':>7} {'CPU s':>7}  curve (success rate [95% CI over tasks])"
+    )
     by_variant: dict[str, list[float]] = {}
     for job in jobs:
         evals = load_evals(job) if job.returncode == 0 else None
         gain = evals.get("gain") if evals else None
         if gain is None:
             ok = False
-            print(f"{job.variant:<18} {job.seed:>4}  failed (exit {job.returncode}); "
-                  f"see {job.run_dir / 'train.log'}")
+            print(
+                f"{job.variant:<18} {job.seed:>4}  failed (exit {job.returncode}); "
+                f"see {job.run_dir / 'train.log'}"
+            )
             continue
         good = gain["difference"] >= min_gain and gain["low"] > 0
         ok = ok and good
@@ -145,10 +153,13 @@ def summarize(jobs: list[Job], min_gain: float) -> bool:
     print()
     for variant, gains in by_variant.items():
         mean = sum(gains) / len(gains)
-        print(f"{variant:<18} mean gain {mean:+.1%} over {len(gains)} seed(s), "
-              f"min {min(gains):+.1%}")
-    print(f"target: gain >= {min_gain:.0%} with the interval excluding 0 for every run: "
-          f"{'met' if ok else 'NOT met'}")
+        print(
+            f"{variant:<18} mean gain {mean:+.1%} over {len(gains)} seed(s), min {min(gains):+.1%}"
+        )
+    print(
+        f"target: gain >= {min_gain:.0%} with the interval excluding 0 for every run: "
+        f"{'met' if ok else 'NOT met'}"
+    )
     return ok
 
 

@@ -58,6 +58,8 @@ class TrainReport:
     baseline_outcomes: dict[str, list[bool]] | None = None
     """Task id → success of each baseline episode (for the paired interval)."""
     eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
+    eval_parse_errors: dict[int, float] = field(default_factory=dict)
+    """Evaluation step (-1: baseline) → parse errors per model turn."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
 
@@ -104,6 +106,7 @@ class EmbeddedTrainer:
         self.progress = progress
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
+        self._parse_errors: dict[int, float] = {}
 
     # ------------------------------------------------------------------ set-up
     def _prepare_model(self, report: TrainReport) -> Path:
@@ -348,6 +351,7 @@ class EmbeddedTrainer:
                     tally,
                     task_row,
                 )
+        report.eval_parse_errors = dict(self._parse_errors)
         report.checkpoint = await self._save(trainer_engine, processor)
         return report
 
@@ -382,6 +386,10 @@ class EmbeddedTrainer:
             "successful_tasks": tally.successes,
             "completed_tasks": tally.completed,
         }
+        turns = sum(tally.turns)
+        self._parse_errors[-1 if kind == "baseline" else step] = (
+            sum(tally.parse_errors.values()) / turns if turns else 0.0
+        )
         if kind == "baseline":
             recorder.baseline_finished(**outcome)
         else:

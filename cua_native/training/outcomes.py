@@ -50,7 +50,7 @@ def _percentiles(values: list[float], level: float) -> tuple[float, float]:
     values.sort()
     tail = (1.0 - level) / 2.0
     lo = values[int(tail * (len(values) - 1))]
-    hi = values[int(round((1.0 - tail) * (len(values) - 1)))]
+    hi = values[round((1.0 - tail) * (len(values) - 1))]
     return lo, hi
 
 
@@ -96,9 +96,7 @@ def paired_difference(
     tasks = sorted(set(before) & set(after))
     if not tasks:
         raise ValueError("the two evaluations share no task")
-    pairs = [
-        (sum(before[t]), len(before[t]), sum(after[t]), len(after[t])) for t in tasks
-    ]
+    pairs = [(sum(before[t]), len(before[t]), sum(after[t]), len(after[t])) for t in tasks]
     rng = random.Random(seed)
     diffs: list[float] = []
     for _ in range(resamples):

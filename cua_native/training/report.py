@@ -82,8 +82,14 @@ def write_evals(report: TrainReport, path: Path) -> Path:
         "baseline": report.baseline_outcomes,
         "evals": {str(k): v for k, v in sorted(report.eval_outcomes.items())},
         "points": [
-            {"step": p.step, "rate": p.rate.estimate, "low": p.rate.low, "high": p.rate.high,
-             "episodes": p.episodes}
+            {
+                "step": p.step,
+                "rate": p.rate.estimate,
+                "low": p.rate.low,
+                "high": p.rate.high,
+                "episodes": p.episodes,
+                "parse_errors_per_turn": report.eval_parse_errors.get(p.step),
+            }
             for p in eval_points(report)
         ],
         "gain": None
@@ -199,7 +205,12 @@ def print_report(report: TrainReport) -> None:
     print()
     for point in eval_points(report):
         name = "baseline" if point.step < 0 else f"eval after step {point.step}"
-        print(f"{name + ':':<22} success {_fmt_interval(point.rate)}, {point.episodes} episodes")
+        errors = report.eval_parse_errors.get(point.step)
+        shown = f", {errors:.0%} of turns unparseable" if errors is not None else ""
+        print(
+            f"{name + ':':<22} success {_fmt_interval(point.rate)}, "
+            f"{point.episodes} episodes{shown}"
+        )
     found = gain(report)
     if found is not None:
         d = found.difference
