@@ -6,8 +6,8 @@ evaluation curve, its gain over the baseline with the paired 95 % interval, wall
     uv run python bench/learning.py --jobs 3 --cores-per-job 2   # in parallel, 2 cores each
     uv run python bench/learning.py --seeds 1 --variant "lr1e-3:actor.optimizer.lr=1e-3"
 
-``--variant NAME:KEY=VALUE,...`` (repeatable) runs the seeds again with config overrides, for
-ablations; ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
+``--variant NAME[@SEED/SEED]:KEY=VALUE,...`` (repeatable) runs the seeds (or its own) again
+with config overrides, for ablations; ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
 (``taskset``) with torch's threads set to match, so each run sees the 2-core target machine.
 Exits non-zero when a run fails or any run's gain is under ``--min-gain`` or its interval
 includes 0.
@@ -39,12 +39,18 @@ class Job:
     returncode: int | None = None
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    name, _, rest = text.partition(":")
+def parse_variant(text: str) -> tuple[str, list[int] | None, list[str]]:
+    """``NAME[@SEED/SEED...]:KEY=VALUE,...`` → name, its own seeds (or None), overrides."""
+    head, _, rest = text.partition(":")
+    name, _, seeds = head.partition("@")
     overrides = [o.strip() for o in rest.split(",") if o.strip()]
     if not name or any("=" not in o for o in overrides):
-        raise SystemExit(f"--variant {text!r}: expected NAME:KEY=VALUE,KEY=VALUE")
-    return name, overrides
+        raise SystemExit(f"--variant {text!r}: expected NAME[@S/S]:KEY=VALUE,KEY=VALUE")
+    try:
+        own = [int(x) for x in seeds.split("/")] if seeds else None
+    except ValueError:
+        raise SystemExit(f"--variant {text!r}: seeds must be integers") from None
+    return name, own, overrides
 
 
 def command(job: Job, launcher: list[str], extra: list[str]) -> list[str]:
@@ -185,14 +191,16 @@ def main() -> int:
         parser.error("--jobs must be >= 1 and --cores-per-job >= 0")
     if args.cores_per_job and args.jobs * args.cores_per_job > len(os.sched_getaffinity(0)):
         parser.error("--jobs x --cores-per-job is more cores than this process may use")
-    variants = [] if args.no_default else [("default", [])]
+    variants: list[tuple[str, list[int] | None, list[str]]] = (
+        [] if args.no_default else [("default", None, [])]
+    )
     variants += [parse_variant(v) for v in args.variant]
     if not variants:
         parser.error("nothing to run")
     jobs = [
         Job(name, seed, overrides, args.out / name / f"seed-{seed}")
-        for name, overrides in variants
-        for seed in args.seeds
+        for name, seeds, overrides in variants
+        for seed in seeds or args.seeds
     ]
     run_all(jobs, args.jobs, args.cores_per_job, shlex.split(args.launcher), args.overrides)
     return 0 if summarize(jobs, args.min_gain) else 1

@@ -145,8 +145,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warm-steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warm-steps", type=int, default=120)
+    parser.add_argument("--warm-batch", type=int, default=8)
     parser.add_argument("--warm-lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
@@ -166,7 +167,7 @@ def main() -> int:
     settings = WarmStart(
         steps=args.warm_steps,
         lr=args.warm_lr,
-        batch_size=16,
+        batch_size=args.warm_batch,
         seed=args.seed,
         gym_seeds=[0, 1, 2, 3],
     )
@@ -206,8 +207,10 @@ def main() -> int:
             "cua.eval_tasks.task_ids=null",
             f"cua.eval_tasks.gym_seeds=[{EVAL_SEED}]",
             "cua.agent.max_turns=10",
-            "train_dataset.batch_size=8",
+            "train_dataset.batch_size=6",
             "cua.agent.group_size=8",
+            "cua.eval_every=5",
+            "cua.eval_episodes_per_task=2",
             *args.overrides,
         ]
     )
