@@ -13,8 +13,10 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from cua_native.rollout.records import EpisodeContext, EpisodeRecord, TurnRecord
+if TYPE_CHECKING:  # the dashboard imports the statistics without the rollout stack
+    from cua_native.rollout.records import EpisodeContext, EpisodeRecord, TurnRecord
 
 Outcomes = Mapping[str, Sequence[bool]]
 """Task id → the success of each of its (non-rejected) evaluation episodes."""
