@@ -37,6 +37,7 @@ def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "cua.eval_every=2",
         "cua.tasks.limit=2",
         "cua.eval_tasks.limit=1",
+        "cua.eval_episodes_per_task=1",
         "train_dataset.batch_size=1",
         *extra,
     ]
@@ -52,6 +53,9 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     out = done.stdout
     assert "run directory:" in out and "dashboard:" in out and "checkpoint:" in out
     assert (run_dir / "reward_curve.png").stat().st_size > 0
+    assert "gain (last eval - baseline):" in out and "paired 95% CI over 1 tasks" in out
+    evals = json.loads((run_dir / "evals.json").read_text())
+    assert [p["step"] for p in evals["points"]] == [-1, 1]
     checkpoint = run_dir / "checkpoints" / "version-2"
     assert (checkpoint / "config.json").is_file(), "two steps → weights version 2 saved"
 
@@ -134,7 +138,10 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
         plan.workflow_kwargs["source"] == "step" and plan.eval_workflow_kwargs["source"] == "eval"
     )
     assert plan.workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
-    assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.client.worker.observer_from_env"
+    assert (
+        plan.workflow_kwargs["observer_factory"]
+        == "cua_native.monitor.client.worker.observer_from_env"
+    )
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
     assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
     assert plan.worker_env["MALLOC_ARENA_MAX"] == "1"
