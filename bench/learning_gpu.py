@@ -94,20 +94,13 @@ def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
-    ax1.plot(
-        [r["step"] for r in train],
-        [r["success"] for r in train],
-        color="#16a34a",
-        alpha=0.7,
-        label="train batch success",
-    )
-    ax1.plot(
-        [r["step"] for r in train],
-        [r["reward"] for r in train],
-        color="#2563eb",
-        alpha=0.7,
-        label="train reward",
-    )
+    for key, color, label in (
+        ("success", "#16a34a", "train batch success"),
+        ("reward", "#2563eb", "train reward"),
+    ):
+        ax1.plot(
+            [r["step"] for r in train], [r[key] for r in train], color=color, alpha=0.7, label=label
+        )
     ax1.set_xlabel("step")
     ax1.set_title("training batches")
     ax1.legend(fontsize=7)
