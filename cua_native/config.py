@@ -72,6 +72,9 @@ class WarmStart(BaseModel):
     lr: float = Field(2e-3, gt=0.0)
     batch_size: int = Field(4, ge=1)
     seed: int = 0
+    gym_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    """Simulator seeds the demonstrations are played under (each seed varies the phone's data,
+    so the model sees the same task on several screens). The tasks are ``cua.tasks``'s."""
 
 
 class CUASettings(BaseModel):

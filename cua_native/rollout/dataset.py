@@ -74,6 +74,10 @@ class TaskSource(BaseModel):
     """Overrides ``eval_fraction`` when set."""
     seed: int = 42
     limit: int | None = Field(None, ge=1)
+    gym_seeds: list[int] | None = None
+    """Play every selected task under each of these gym seeds: one copy of the task per seed,
+    with ``gym_seed`` set (the simulator seeds the phone's data with it). A fixed evaluation
+    set on fresh phones of the training tasks is ``gym_seeds: [1000]``."""
 
     @field_validator("task_ids", "tags", mode="before")
     @classmethod
@@ -147,6 +151,8 @@ def select_tasks(tasks: list[Task], source: TaskSource) -> list[Task]:
         chosen = [t for t in chosen if t.task_id in ids]
     if not chosen:
         raise TaskSourceError(f"the task source selects no task ({len(tasks)} before filters)")
+    if source.gym_seeds is not None:
+        chosen = [t.model_copy(update={"gym_seed": s}) for s in source.gym_seeds for t in chosen]
     return chosen
 
 

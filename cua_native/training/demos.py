@@ -311,7 +311,9 @@ async def demos_from_gym(
 ) -> list[Demo]:
     """Demonstrations of ``spec.tasks`` (selected from ``gym.list_tasks()``) on ``gym``."""
     kit = make_kit(processor, spec, executor)
-    tasks = select_tasks(await gym.list_tasks(), spec.tasks)
+    # One copy per task: ``spec.gym_seeds`` says which phones it is demonstrated on.
+    selected = select_tasks(await gym.list_tasks(), spec.tasks)
+    tasks = list({t.task_id: t for t in selected}.values())
     return await generate_demos(gym, solver, tasks, kit, spec)
 
 

@@ -29,6 +29,7 @@ from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
+from cua_native.training.outcomes import TaskOutcomes
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class TrainReport:
     steps: list[StepSummary] = field(default_factory=list)
     baseline_success: float | None = None
     evals: dict[int, float] = field(default_factory=dict)
+    baseline_outcomes: dict[str, list[bool]] | None = None
+    """Task id → success of each baseline episode (for the paired interval)."""
+    eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
+    eval_parse_errors: dict[int, float] = field(default_factory=dict)
+    """Evaluation step (-1: baseline) → parse errors per model turn."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
 
@@ -79,6 +85,12 @@ def _version_dir(trainer_engine: Any) -> str:
     return f"version-{trainer_engine.get_version()}"
 
 
+def _eval_due(every: int, step: int, total_steps: int) -> bool:
+    """Evaluate every ``every`` steps and after the last step (so the final model is always
+    measured); never when ``every`` is 0."""
+    return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
+
+
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
     for key, value in stats.items():
         if key.endswith(suffix):
@@ -94,6 +106,7 @@ class EmbeddedTrainer:
         self.progress = progress
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
+        self._parse_errors: dict[int, float] = {}
 
     # ------------------------------------------------------------------ set-up
     def _prepare_model(self, report: TrainReport) -> Path:
@@ -108,7 +121,9 @@ class EmbeddedTrainer:
         from cua_native.training.warm_start import WARM_START_MARKER, warm_start, warm_start_key
 
         sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
-        key = warm_start_key(cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options)
+        key = warm_start_key(
+            cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options, tasks=cua.tasks
+        )
         target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{key}"
         if (target / WARM_START_MARKER).is_file():
             report.warm_start = {"reused": str(target)}
@@ -120,6 +135,8 @@ class EmbeddedTrainer:
             family=cua.agent.family,
             prompt_overrides=cua.agent.prompt,
             progress=self.progress,
+            tasks=cua.tasks,
+            gym_seeds=tuple(cua.warm_start.gym_seeds),
             demo_source=source_for(cua.agent.family, sim_options),
         )
         report.warm_start = dataclasses.asdict(result)
@@ -233,7 +250,8 @@ class EmbeddedTrainer:
             1, len(train_tasks) // areal.train_dataset.batch_size
         )
         monitor.total_steps = total_steps
-        monitor.tasks(train_tasks + eval_tasks)
+        # A task played under several gym seeds is one task to the monitor.
+        monitor.tasks(list({t.task_id: t for t in train_tasks + eval_tasks}.values()))
 
         def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
             return workflow_cls(
@@ -246,8 +264,10 @@ class EmbeddedTrainer:
 
         if cua.baseline and eval_tasks:
             tally = EpisodeTally()
+            outcomes = TaskOutcomes()
+            report.baseline_outcomes = outcomes.by_task
             report.baseline_success = await self._run_eval(
-                workflow("baseline", [tally]),
+                workflow("baseline", [tally, outcomes]),
                 engine,
                 eval_tasks,
                 0,
@@ -318,10 +338,12 @@ class EmbeddedTrainer:
                 success=f"{summary.success_rate:.0%}",
                 loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
             )
-            if cua.eval_every and eval_tasks and (step + 1) % cua.eval_every == 0:
+            if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
                 tally = EpisodeTally()
+                outcomes = TaskOutcomes()
+                report.eval_outcomes[step] = outcomes.by_task
                 report.evals[step] = await self._run_eval(
-                    workflow("eval", [tally]),
+                    workflow("eval", [tally, outcomes]),
                     engine,
                     eval_tasks,
                     step,
@@ -330,6 +352,7 @@ class EmbeddedTrainer:
                     tally,
                     task_row,
                 )
+        report.eval_parse_errors = dict(self._parse_errors)
         if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
             report.checkpoint = await self._save(trainer_engine, processor)
         return report
@@ -365,6 +388,10 @@ class EmbeddedTrainer:
             "successful_tasks": tally.successes,
             "completed_tasks": tally.completed,
         }
+        turns = sum(tally.turns)
+        self._parse_errors[-1 if kind == "baseline" else step] = (
+            sum(tally.parse_errors.values()) / turns if turns else 0.0
+        )
         if kind == "baseline":
             monitor.baseline_finished(**outcome)
         else:

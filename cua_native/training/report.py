@@ -1,16 +1,121 @@
-"""What a finished embedded run prints and draws: a step table, a reward/success curve, and
-where to find the database, the checkpoint and the dashboard."""
+"""What a finished embedded run prints and draws: a step table, the evaluations with their
+intervals and the measured gain, a reward/success curve, and where to find the database, the
+checkpoint and the dashboard. ``evals.json`` in the run directory keeps every evaluation's
+per-task outcomes (``bench/learning.py`` reads it)."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cua_native.training.embedded import TrainReport
+from cua_native.training.outcomes import Interval, paired_difference, task_interval
+
+
+@dataclass(frozen=True, slots=True)
+class EvalPoint:
+    """One evaluation of the fixed set: ``step`` -1 is the baseline."""
+
+    step: int
+    rate: Interval
+    episodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gain:
+    """The last evaluation against the baseline on the same episodes."""
+
+    baseline: float
+    final: float
+    step: int
+    difference: Interval
+    tasks: int
+    episodes: int
+
+
+def eval_points(report: TrainReport) -> list[EvalPoint]:
+    """Baseline (step -1) and every evaluation, each with its bootstrap interval over tasks."""
+    runs: list[tuple[int, dict[str, list[bool]]]] = []
+    if report.baseline_outcomes is not None:
+        runs.append((-1, report.baseline_outcomes))
+    runs.extend(sorted(report.eval_outcomes.items()))
+    return [
+        EvalPoint(step, task_interval(out), sum(len(v) for v in out.values()))
+        for step, out in runs
+        if out
+    ]
+
+
+def gain(report: TrainReport) -> Gain | None:
+    """The last evaluation's success rate minus the baseline's, with a paired 95 % bootstrap
+    interval over tasks; ``None`` without both."""
+    if not report.baseline_outcomes or not report.eval_outcomes:
+        return None
+    step = max(report.eval_outcomes)
+    final = report.eval_outcomes[step]
+    if not final:
+        return None
+    diff = paired_difference(report.baseline_outcomes, final)
+    shared = set(report.baseline_outcomes) & set(final)
+    return Gain(
+        baseline=_rate(report.baseline_outcomes, shared),
+        final=_rate(final, shared),
+        step=step,
+        difference=diff,
+        tasks=len(shared),
+        episodes=sum(len(final[t]) for t in shared),
+    )
+
+
+def _rate(outcomes: dict[str, list[bool]], tasks: set[str]) -> float:
+    n = sum(len(outcomes[t]) for t in tasks)
+    return sum(sum(outcomes[t]) for t in tasks) / n if n else 0.0
+
+
+def write_evals(report: TrainReport, path: Path) -> Path:
+    """Every evaluation's per-task outcomes and the gain, as JSON."""
+    found = gain(report)
+    data: dict[str, Any] = {
+        "baseline": report.baseline_outcomes,
+        "evals": {str(k): v for k, v in sorted(report.eval_outcomes.items())},
+        "points": [
+            {
+                "step": p.step,
+                "rate": p.rate.estimate,
+                "low": p.rate.low,
+                "high": p.rate.high,
+                "episodes": p.episodes,
+                "parse_errors_per_turn": report.eval_parse_errors.get(p.step),
+            }
+            for p in eval_points(report)
+        ],
+        "gain": None
+        if found is None
+        else {
+            "baseline": found.baseline,
+            "final": found.final,
+            "step": found.step,
+            "difference": found.difference.estimate,
+            "low": found.difference.low,
+            "high": found.difference.high,
+            "tasks": found.tasks,
+            "episodes": found.episodes,
+        },
+        "train": [
+            {"step": s.step, "success": s.success_rate, "reward": s.reward_mean}
+            for s in report.steps
+        ],
+    }
+    path.write_text(json.dumps(data, indent=2))
+    return path
 
 
 def plot_curves(report: TrainReport, path: Path) -> Path | None:
-    """Reward mean (with std band) and success rate per step, as a PNG."""
+    """Reward mean (with std band) per step; success rate per step (train) with the baseline
+    and every evaluation of the fixed set, each with its 95 % interval, as a PNG."""
     if not report.steps:
         return None
     import matplotlib
@@ -21,7 +126,7 @@ def plot_curves(report: TrainReport, path: Path) -> Path | None:
     steps = [s.step for s in report.steps]
     mean = [s.reward_mean for s in report.steps]
     std = [s.reward_std for s in report.steps]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=110)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
     ax1.plot(steps, mean, marker="o", color="#2563eb", label="reward mean")
     ax1.fill_between(
         steps,
@@ -31,28 +136,58 @@ def plot_curves(report: TrainReport, path: Path) -> Path | None:
         alpha=0.15,
     )
     ax1.set_xlabel("step")
-    ax1.set_title("episode reward")
+    ax1.set_title("episode reward (train)")
     ax2.plot(
-        steps, [s.success_rate for s in report.steps], marker="o", color="#16a34a", label="train"
+        steps,
+        [s.success_rate for s in report.steps],
+        marker="o",
+        color="#16a34a",
+        alpha=0.6,
+        label="train batch",
     )
-    if report.evals:
-        ax2.plot(
-            list(report.evals),
-            list(report.evals.values()),
-            marker="s",
-            color="#dc2626",
-            label="eval",
+    points = eval_points(report)
+    base = [p for p in points if p.step < 0]
+    evals = [p for p in points if p.step >= 0]
+    for group, color, marker, label in (
+        (base, "#6b7280", "D", "baseline"),
+        (evals, "#dc2626", "s", "eval"),
+    ):
+        if not group:
+            continue
+        xs = [p.step if p.step >= 0 else -0.5 for p in group]
+        ys = [p.rate.estimate for p in group]
+        ax2.errorbar(
+            xs,
+            ys,
+            yerr=[
+                [p.rate.estimate - p.rate.low for p in group],
+                [p.rate.high - p.rate.estimate for p in group],
+            ],
+            marker=marker,
+            color=color,
+            capsize=4,
+            linestyle="-" if label == "eval" else "none",
+            label=f"{label} ({group[0].episodes} episodes, 95% CI)",
         )
-    if report.baseline_success is not None:
-        ax2.axhline(report.baseline_success, color="#6b7280", linestyle="--", label="baseline")
+    if base:
+        ax2.axhline(base[0].rate.estimate, color="#6b7280", linestyle="--", linewidth=0.8)
+    found = gain(report)
+    title = "success rate"
+    if found is not None:
+        d = found.difference
+        title += f": gain {d.estimate:+.0%} [{d.low:+.0%}, {d.high:+.0%}]"
     ax2.set_ylim(-0.05, 1.05)
-    ax2.set_xlabel("step")
-    ax2.set_title("success rate")
-    ax2.legend(loc="best", fontsize=8)
+    ax2.set_xlabel("step (baseline at -0.5)")
+    ax2.set_title(title, fontsize=10)
+    ax2.legend(loc="best", fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _fmt_interval(i: Interval) -> str:
+    return f"{i.estimate:.0%} (95% CI {i.low:.0%} to {i.high:.0%})"
 
 
 def print_report(report: TrainReport) -> None:
@@ -67,10 +202,25 @@ def print_report(report: TrainReport) -> None:
             f"{s.step:>4} {s.episodes:>8} {s.success_rate:>8.0%} {s.reward_mean:>8.3f} "
             f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {s.seconds:>6.1f}"
         )
-    if report.baseline_success is not None:
-        print(f"baseline success rate: {report.baseline_success:.0%}")
-    for step, rate in report.evals.items():
-        print(f"eval after step {step}: success rate {rate:.0%}")
+    print()
+    for point in eval_points(report):
+        name = "baseline" if point.step < 0 else f"eval after step {point.step}"
+        errors = report.eval_parse_errors.get(point.step)
+        shown = f", {errors:.0%} of turns unparseable" if errors is not None else ""
+        print(
+            f"{name + ':':<22} success {_fmt_interval(point.rate)}, "
+            f"{point.episodes} episodes{shown}"
+        )
+    found = gain(report)
+    if found is not None:
+        d = found.difference
+        verdict = "excludes 0" if d.excludes_zero() else "includes 0"
+        print(
+            f"gain (last eval - baseline): {found.baseline:.0%} -> {found.final:.0%} = "
+            f"{d.estimate:+.1%}, paired 95% CI over {found.tasks} tasks "
+            f"[{d.low:+.1%}, {d.high:+.1%}] ({verdict}; {found.episodes} episodes each)"
+        )
+    evals_json = write_evals(report, report.run_dir / "evals.json")
     plot = plot_curves(report, report.run_dir / "reward_curve.png")
     print()
     print(f"run directory:   {report.run_dir}")
@@ -78,6 +228,7 @@ def print_report(report: TrainReport) -> None:
         print(f"monitor db:      {report.monitor_url}")
     if report.checkpoint:
         print(f"checkpoint:      {report.checkpoint}")
+    print(f"evaluations:     {evals_json}")
     if plot:
         print(f"reward curve:    {plot}")
     db = report.monitor_url or f"sqlite:///{report.run_dir / 'monitor.db'}"

@@ -48,14 +48,17 @@ def warm_start_key(
     settings: WarmStart,
     prompt_overrides: dict[str, Any],
     sim_options: dict[str, Any],
+    tasks: TaskSource | None = None,
 ) -> str:
     """A short hash of everything a warm-started model depends on, to name its cache entry
-    (a config change must not silently reuse a model trained for another prompt or screen)."""
+    (a config change must not silently reuse a model trained for another prompt, screen or
+    task selection)."""
     described = {
         "family": family,
         "warm_start": settings.model_dump(mode="json"),
         "prompt": prompt_overrides,
         "sim": sim_options,
+        "tasks": tasks.model_dump(mode="json") if tasks is not None else None,
     }
     text = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -121,3 +121,21 @@ async def test_dataset_rows(toy) -> None:
         tasks_to_dataset([], gym_id="toy")
     tagged = [Task(task_id="a", gym_id="sim")]
     assert tasks_to_dataset(tagged)[0]["gym_id"] == "sim"
+
+
+def test_gym_seeds_copy_each_task_per_seed_and_survive_the_row() -> None:
+    from cua_native.rollout.dataset import select_tasks, task_row
+    from cua_native.rollout.workflow import task_from_row
+
+    tasks = [Task(task_id=f"t{i}") for i in range(3)]
+    chosen = select_tasks(tasks, TaskSource(task_ids=["t0", "t2"], gym_seeds=[7, 1000]))
+    assert [(t.task_id, (t.model_extra or {})["gym_seed"]) for t in chosen] == [
+        ("t0", 7),
+        ("t2", 7),
+        ("t0", 1000),
+        ("t2", 1000),
+    ]
+    assert (task_from_row(task_row(chosen[3], gym_id="sim")).model_extra or {}) == {
+        "gym_seed": 1000
+    }
+    assert all("gym_seed" not in (t.model_extra or {}) for t in select_tasks(tasks, TaskSource()))

@@ -37,6 +37,7 @@ def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "cua.eval_every=2",
         "cua.tasks.limit=2",
         "cua.eval_tasks.limit=1",
+        "cua.eval_episodes_per_task=1",
         "train_dataset.batch_size=1",
         "saver.freq_steps=1",
         "cua.eval_episodes_per_task=3",
@@ -54,6 +55,9 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     out = done.stdout
     assert "run directory:" in out and "dashboard:" in out and "checkpoint:" in out
     assert (run_dir / "reward_curve.png").stat().st_size > 0
+    assert "gain (last eval - baseline):" in out and "paired 95% CI over 1 tasks" in out
+    evals = json.loads((run_dir / "evals.json").read_text())
+    assert [p["step"] for p in evals["points"]] == [-1, 1]
     checkpoint = run_dir / "checkpoints" / "version-2"
     assert (checkpoint / "config.json").is_file(), "two steps → weights version 2 saved"
     assert (run_dir / "checkpoints" / "version-1" / "config.json").is_file(), "saver.freq_steps=1"

@@ -192,5 +192,9 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
         warm_start_key("mai_ui", WarmStart(steps=7), {"max_pixels": 65536}, {}),
         warm_start_key("mai_ui", WarmStart(), {"max_pixels": 4096}, {}),
         warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {"screenshot_size": [1, 2]}),
+        warm_start_key("mai_ui", WarmStart(gym_seeds=[0, 1]), {"max_pixels": 65536}, {}),
+        warm_start_key(
+            "mai_ui", WarmStart(), {"max_pixels": 65536}, {}, tasks=TaskSource(task_ids=["x"])
+        ),
     ]
     assert base not in changed and len(set(changed)) == len(changed)

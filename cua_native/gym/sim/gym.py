@@ -209,7 +209,7 @@ class SimGym:
 
     def new_execution(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
         """Create an execution synchronously (tests, demonstrations, the HTTP server)."""
-        seed = self._seed(options)
+        seed = self._seed(options, task)
         known, state = self._initial_state(task, seed)
         return self._register(known, state, seed)
 
@@ -232,10 +232,12 @@ class SimGym:
         apply_setup(state, known, open_page)
         return known, state
 
-    def _seed(self, options: dict[str, Any] | None) -> int:
-        seed = (options or {}).get("seed", self.seed)
+    def _seed(self, options: dict[str, Any] | None, task: Task) -> int:
+        """``options.seed``, else the task's own ``gym_seed`` (a task row pinned to one phone,
+        see ``TaskSource.gym_seeds``), else the gym's seed."""
+        seed = (options or {}).get("seed", (task.model_extra or {}).get("gym_seed", self.seed))
         if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"options.seed must be an integer, got {seed!r}")
+            raise ValueError(f"the execution seed must be an integer, got {seed!r}")
         return seed
 
     def _register(self, task: Task, state: PhoneState, seed: int) -> SimExecution:
@@ -245,7 +247,7 @@ class SimGym:
         return execution
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
-        seed = self._seed(options)
+        seed = self._seed(options, task)
         known, state = await self.offload(self._initial_state, task, seed)
         return self._register(known, state, seed)
 

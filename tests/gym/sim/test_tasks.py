@@ -139,3 +139,25 @@ async def test_unknown_task_and_bad_options(gym: SimGym) -> None:
     assert issubclass(UnknownTask, GymError)
     with pytest.raises(ValueError, match="seed"):
         await gym.start(await gym.get_task("sim-001"), {"seed": "x"})
+
+
+async def test_a_task_row_pins_its_phone_with_gym_seed(gym: SimGym) -> None:
+    """``gym_seed`` on the task chooses the seeded phone unless ``options`` name a seed."""
+    task = next(t for t in TASKS if t.task_id == "sim-029")
+
+    async def screen(t: Task, options: dict | None = None) -> bytes:
+        execution = await gym.start(t, options)
+        try:
+            observation = await execution.observe()
+            return observation.screenshot.image.tobytes() if observation.screenshot.image else b""
+        finally:
+            await execution.close()
+
+    opened = {"seed": 5}
+    pinned = task.model_copy(update={"gym_seed": 5})
+    plain = await screen(task)
+    assert await screen(pinned) != plain  # the seed shows on the first screen
+    assert await screen(pinned) == await screen(task, opened)
+    assert await screen(pinned, {"seed": 0}) == plain
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        await gym.start(task.model_copy(update={"gym_seed": "x"}))

@@ -27,7 +27,7 @@ from markupsafe import Markup
 from cua_native.monitor.ingest import IngestError
 from cua_native.monitor.screenshots import MEDIA_TYPES, ScreenshotError
 from cua_native.monitor.service.dashboard import queries
-from cua_native.monitor.service.dashboard.plots import Series, line_chart
+from cua_native.monitor.service.dashboard.plots import Series, eval_chart, line_chart
 from cua_native.monitor.service.store import MonitorStore
 
 HERE = Path(__file__).resolve().parent
@@ -156,9 +156,9 @@ def create_app(
         kls = [(s.step, s.kl_divergence) for s in steps if s.kl_divergence is not None]
         if losses or kls:
             charts.append(line_chart("loss / KL", [Series("loss", losses), Series("KL", kls)]))
-        evals = [(e.step, e.success_rate) for e in data["evals"] if e.success_rate is not None]
-        if evals:
-            charts.append(line_chart("eval success rate", [Series("eval", evals)]))
+        evaluation = eval_chart(data)
+        if evaluation is not None:
+            charts.append(evaluation)
         return page(request, "training.html", charts=[Markup(c) for c in charts], **data)
 
     def source_page(request: Request, kind: str, source_id: int) -> Response:

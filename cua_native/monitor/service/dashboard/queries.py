@@ -84,7 +84,28 @@ def training(session: Session, training_id: int) -> dict[str, Any] | None:
         "success": {k: float(v) for k, v in success.items() if v is not None},
         "evals": evals,
         "baselines": baselines,
+        "outcomes": eval_outcomes(session, [e.id for e in evals], [b.id for b in baselines]),
     }
+
+
+def eval_outcomes(
+    session: Session, eval_ids: list[int], baseline_ids: list[int]
+) -> dict[tuple[str, int], dict[str, list[bool]]]:
+    """``("eval" | "baseline", id)`` → task id → success of each finished rollout (what the
+    per-task bootstrap intervals of the evaluation chart resample)."""
+    rows = session.execute(
+        select(Rollout.eval_id, Rollout.baseline_id, Task.task_id, Rollout.task_success)
+        .join(Task, Task.id == Rollout.task_id)
+        .where(
+            Rollout.status.in_(TERMINAL_ROLLOUT),
+            Rollout.eval_id.in_(eval_ids) | Rollout.baseline_id.in_(baseline_ids),
+        )
+    ).all()
+    out: dict[tuple[str, int], dict[str, list[bool]]] = {}
+    for eval_id, baseline_id, task_id, success in rows:
+        key = ("eval", eval_id) if eval_id is not None else ("baseline", baseline_id)
+        out.setdefault(key, {}).setdefault(task_id, []).append(success == 1)
+    return out
 
 
 def source(session: Session, kind: str, source_id: int) -> dict[str, Any] | None:

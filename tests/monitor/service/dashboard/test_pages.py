@@ -166,3 +166,22 @@ def test_line_chart_handles_empty_and_single_points() -> None:
     assert "no data yet" in line_chart("reward", [Series("r", [])])
     svg = line_chart("reward", [Series("r", [(1, 0.5)])])
     assert svg.startswith("<svg") and "<circle" in svg
+
+
+def test_eval_chart_shows_baseline_and_evals_with_task_intervals() -> None:
+    from types import SimpleNamespace
+
+    from cua_native.monitor.service.dashboard.plots import eval_chart
+
+    data = {
+        "baselines": [SimpleNamespace(id=1, step=None, success_rate=0.25)],
+        "evals": [SimpleNamespace(id=7, step=3, success_rate=0.5)],
+        "outcomes": {
+            ("baseline", 1): {"a": [True, False], "b": [False, False]},
+            ("eval", 7): {"a": [True, True], "b": [False, True]},
+        },
+    }
+    svg = eval_chart(data)
+    assert svg is not None and svg.count('class="interval"') == 2
+    assert "baseline @ -1" in svg and "eval @ 3" in svg and "95% CI" in svg
+    assert eval_chart({"baselines": [], "evals": [], "outcomes": {}}) is None

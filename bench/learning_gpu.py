@@ -1,0 +1,249 @@
+"""Learning at scale on one GPU: a bigger Qwen3-VL (tens of millions of parameters, built
+locally), warm-started on every training-split sim task, then GRPO with more tasks and steps.
+
+    uv run python bench/learning_gpu.py --out runs/learning-gpu [--steps 30] [KEY=VALUE ...]
+
+The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
+training step uses, so one evaluation measures both: the **training tasks on new seeds** and
+the **unseen tasks** of the eval split, reported side by side (each with its 95 % bootstrap
+interval over tasks, and the gain over the baseline with a paired interval). Writes
+``gpu_learning.json`` and ``gpu_learning.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cua_native.config import WarmStart
+from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
+from cua_native.rollout.dataset import TaskSource, select_tasks
+from cua_native.training.outcomes import paired_difference, task_interval
+
+BIG = TinySpec(
+    hidden_size=512,
+    layers=8,
+    heads=8,
+    kv_heads=2,
+    head_dim=64,
+    intermediate_size=2048,
+    vision_depth=4,
+    vision_hidden_size=256,
+    vision_heads=4,
+    vision_intermediate_size=1024,
+)
+SIM_OPTIONS = {"screenshot_size": [160, 384]}
+PROMPT = {"max_pixels": 65536}
+EVAL_SEED = 1000
+
+
+def parameter_count(model_dir: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(f.get_tensor(key).numel() for key in f.keys())
+    return total
+
+
+def split_ids() -> tuple[list[str], list[str]]:
+    """Task ids of the sim's train and eval splits (the trainer's defaults)."""
+    from cua_native.gym.sim.tasks import catalogue
+
+    tasks = catalogue()
+    train = [t.task_id for t in select_tasks(tasks, TaskSource(split="train"))]
+    unseen = [t.task_id for t in select_tasks(tasks, TaskSource(split="eval"))]
+    return train, unseen
+
+
+def summarize(evals: dict[str, Any], train_ids: list[str], unseen_ids: list[str]) -> dict[str, Any]:
+    """Per evaluation: success on training tasks (new seeds) and on unseen tasks, intervals."""
+    base = evals["baseline"]
+    out: dict[str, Any] = {"points": [], "gain": {}}
+    runs = [("-1", base), *evals["evals"].items()]
+    for step, outcomes in runs:
+        row: dict[str, Any] = {"step": int(step)}
+        for name, ids in (("train_tasks", train_ids), ("unseen_tasks", unseen_ids)):
+            part = {t: v for t, v in outcomes.items() if t in ids}
+            i = task_interval(part)
+            row[name] = {
+                "rate": i.estimate,
+                "low": i.low,
+                "high": i.high,
+                "episodes": sum(len(v) for v in part.values()),
+            }
+        out["points"].append(row)
+    last = evals["evals"][max(evals["evals"], key=int)]
+    for name, ids in (("train_tasks", train_ids), ("unseen_tasks", unseen_ids)):
+        d = paired_difference(
+            {t: v for t, v in base.items() if t in ids}, {t: v for t, v in last.items() if t in ids}
+        )
+        out["gain"][name] = {"difference": d.estimate, "low": d.low, "high": d.high}
+    return out
+
+
+def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
+    for key, color, label in (
+        ("success", "#16a34a", "train batch success"),
+        ("reward", "#2563eb", "train reward"),
+    ):
+        ax1.plot(
+            [r["step"] for r in train], [r[key] for r in train], color=color, alpha=0.7, label=label
+        )
+    ax1.set_xlabel("step")
+    ax1.set_title("training batches")
+    ax1.legend(fontsize=7)
+    for name, color, label in (
+        ("train_tasks", "#dc2626", "training tasks, new seeds"),
+        ("unseen_tasks", "#9333ea", "unseen tasks (eval split)"),
+    ):
+        pts = summary["points"]
+        xs = [p["step"] if p["step"] >= 0 else -1 for p in pts]
+        ys = [p[name]["rate"] for p in pts]
+        g = summary["gain"][name]
+        ax2.errorbar(
+            xs,
+            ys,
+            yerr=[
+                [p[name]["rate"] - p[name]["low"] for p in pts],
+                [p[name]["high"] - p[name]["rate"] for p in pts],
+            ],
+            marker="s",
+            capsize=4,
+            color=color,
+            label=f"{label}: {g['difference']:+.0%} [{g['low']:+.0%}, {g['high']:+.0%}]",
+        )
+    ax2.set_ylim(-0.05, 1.05)
+    ax2.set_xlabel("step (baseline at -1)")
+    ax2.set_title("eval success, 95% CI over tasks")
+    ax2.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warm-steps", type=int, default=120)
+    parser.add_argument("--warm-batch", type=int, default=8)
+    parser.add_argument("--warm-lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="trainer config overrides")
+    args = parser.parse_args()
+
+    from cua_native.train import main as train_main
+    from cua_native.training.demos import source_for
+    from cua_native.training.warm_start import warm_start
+
+    started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = build_tiny_qwen3_vl(args.out / "base", BIG)
+    params = parameter_count(base)
+    print(f"model: {params / 1e6:.1f} M parameters", flush=True)
+    train_ids, unseen_ids = split_ids()
+    warm_dir = args.out / "warm"
+    settings = WarmStart(
+        steps=args.warm_steps,
+        lr=args.warm_lr,
+        batch_size=args.warm_batch,
+        seed=args.seed,
+        gym_seeds=[0, 1, 2, 3],
+    )
+    report = warm_start(
+        base,
+        warm_dir,
+        settings,
+        family="mai_ui",
+        prompt_overrides=PROMPT,
+        tasks=TaskSource(split="train"),
+        gym_seeds=tuple(settings.gym_seeds),
+        demo_source=source_for("mai_ui", SIM_OPTIONS),
+        device=args.device,
+    )
+    print(
+        f"warm start: {report.steps} steps, loss {report.first_loss:.3f} -> "
+        f"{report.last_loss:.4f}, {report.demos} demos, {report.seconds:.0f} s",
+        flush=True,
+    )
+    run_dir = args.out / "run"
+    code = train_main(
+        [
+            "--no-progress",
+            "--model",
+            str(warm_dir),
+            "--run-dir",
+            str(run_dir),
+            "--device",
+            args.device,
+            "--steps",
+            str(args.steps),
+            f"seed={args.seed}",
+            "cua.tasks.split=train",
+            "cua.tasks.task_ids=null",
+            "cua.tasks.gym_seeds=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]",
+            "cua.eval_tasks.split=all",
+            "cua.eval_tasks.task_ids=null",
+            f"cua.eval_tasks.gym_seeds=[{EVAL_SEED}]",
+            "cua.agent.max_turns=10",
+            "train_dataset.batch_size=6",
+            "cua.agent.group_size=8",
+            "cua.eval_every=5",
+            "cua.eval_episodes_per_task=2",
+            *args.overrides,
+        ]
+    )
+    if code != 0:
+        return code
+    evals = json.loads((run_dir / "evals.json").read_text())
+    summary = summarize(evals, train_ids, unseen_ids)
+    summary.update(
+        parameters=params,
+        warm_start=report.to_json() | {"losses": None},
+        seconds=time.perf_counter() - started,
+        steps=args.steps,
+        train_tasks=len(train_ids),
+        unseen_tasks=len(unseen_ids),
+    )
+    (args.out / "gpu_learning.json").write_text(json.dumps(summary, indent=2))
+    print()
+    for p in summary["points"]:
+        name = "baseline" if p["step"] < 0 else f"eval after step {p['step']}"
+        cells = [
+            f"{k.replace('_', ' ')} {p[k]['rate']:.0%} [{p[k]['low']:.0%}, {p[k]['high']:.0%}]"
+            f" ({p[k]['episodes']} ep)"
+            for k in ("train_tasks", "unseen_tasks")
+        ]
+        print(f"{name:<20} " + "   ".join(cells))
+    for k, g in summary["gain"].items():
+        print(
+            f"gain on {k.replace('_', ' ')}: {g['difference']:+.1%} "
+            f"(paired 95% CI [{g['low']:+.1%}, {g['high']:+.1%}])"
+        )
+    print(f"total {summary['seconds']:.0f} s")
+    plot(
+        summary,
+        evals["train"],
+        args.out / "gpu_learning.png",
+        f"{params / 1e6:.0f} M-parameter Qwen3-VL, {len(train_ids)} training tasks, "
+        f"{args.steps} GRPO steps on {args.device}",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The final report: evaluation points with intervals, the paired gain, evals.json, the PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cua_native.training.embedded import StepSummary, TrainReport, _eval_due
+from cua_native.training.report import eval_points, gain, print_report
+
+
+def _report(tmp_path: Path) -> TrainReport:
+    report = TrainReport(run_dir=tmp_path, model_dir=tmp_path, monitor_url=None)
+    report.steps = [
+        StepSummary(
+            step=i,
+            episodes=16,
+            rejected_groups=0,
+            success_rate=0.1 * i,
+            reward_mean=0.1 * i,
+            reward_std=0.2,
+            turns_mean=3.0,
+            samples=40,
+        )
+        for i in range(4)
+    ]
+    tasks = [f"sim-{i:03d}" for i in range(1, 13)]
+    report.baseline_outcomes = {t: [False, False, False, i % 3 == 0] for i, t in enumerate(tasks)}
+    report.eval_outcomes = {
+        1: {t: [False, True, False, i % 3 == 0] for i, t in enumerate(tasks)},
+        3: {t: [True, True, False, i % 3 == 0] for i, t in enumerate(tasks)},
+    }
+    report.eval_parse_errors = {-1: 0.4, 1: 0.2, 3: 0.1}
+    return report
+
+
+def test_gain_is_last_eval_minus_baseline_on_the_same_tasks(tmp_path: Path) -> None:
+    report = _report(tmp_path)
+    found = gain(report)
+    assert found is not None
+    assert found.baseline == pytest.approx(4 / 48) and found.final == pytest.approx(28 / 48)
+    assert found.step == 3 and found.tasks == 12 and found.episodes == 48
+    assert found.difference.estimate == pytest.approx(0.5)
+    assert found.difference.excludes_zero()
+    assert [p.step for p in eval_points(report)] == [-1, 1, 3]
+
+
+def test_no_gain_without_a_baseline(tmp_path: Path) -> None:
+    report = _report(tmp_path)
+    report.baseline_outcomes = None
+    assert gain(report) is None
+
+
+def test_print_report_shows_the_gain_and_writes_evals_and_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    print_report(_report(tmp_path))
+    out = capsys.readouterr().out
+    assert "baseline:" in out and "eval after step 3:" in out
+    assert "gain (last eval - baseline): 8% -> 58% = +50.0%, paired 95% CI over 12 tasks" in out
+    assert "10% of turns unparseable" in out
+    data = json.loads((tmp_path / "evals.json").read_text())
+    assert data["gain"]["difference"] == pytest.approx(0.5)
+    assert [p["step"] for p in data["points"]] == [-1, 1, 3]
+    assert (tmp_path / "reward_curve.png").stat().st_size > 0
+
+
+def test_the_last_step_is_always_evaluated() -> None:
+    assert [s for s in range(10) if _eval_due(4, s, 10)] == [3, 7, 9]
+    assert [s for s in range(8) if _eval_due(4, s, 8)] == [3, 7]
+    assert not any(_eval_due(0, s, 8) for s in range(8))
