@@ -83,6 +83,9 @@ class InProcessEngineConfig:
     """Slot capacity grows in multiples of this many tokens (``slots`` decoder)."""
     prefill_tokens: int = 16384
     """Most padded tokens one prefill forward takes (``slots`` decoder; one row at least)."""
+    decode_attention: Literal["auto", "flash", "matmul"] = "auto"
+    """Attention of the ``slots`` decode step (``text_step.py``): ``auto`` is ``flash`` on
+    CUDA in bf16/fp16, else ``matmul``."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -251,6 +254,12 @@ class InProcessEngine(InferenceEngine):
     def running_rows(self) -> int:
         """How many requests the worker held after its last forward pass."""
         return self._running_rows
+
+    @property
+    def queued(self) -> int:
+        """How many requests wait for admission."""
+        with self._cond:
+            return len(self._pending)
 
     def destroy(self) -> None:
         """Stop the worker; queued and running requests end with ``stop_reason="abort"``."""
@@ -486,7 +495,12 @@ class InProcessEngine(InferenceEngine):
         if self.decoder_kind == "legacy":
             return BatchDecoder(self.model, self.device, self._pad_id)
         return SlotDecoder(
-            self.model, self.device, self._pad_id, self.config.kv_block, self.config.cuda_graphs
+            self.model,
+            self.device,
+            self._pad_id,
+            self.config.kv_block,
+            self.config.cuda_graphs,
+            self.config.decode_attention,
         )
 
     def _worker(self) -> None:

@@ -1,7 +1,9 @@
 """A KV cache of fixed-shape slots that grows in buckets (worker thread only).
 
-Each layer holds one key and one value tensor ``[slots, kv_heads, capacity, head_dim]``; the
-row decoded in batch position ``i`` lives in slot ``i``. A decode step writes one position
+Each layer holds one key and one value tensor ``[slots, kv_heads, capacity, head_dim]``
+(``tokens_first``: ``[slots, capacity, kv_heads, head_dim]``, the packed layout of
+flash attention's variable-length kernel); the row decoded in batch position ``i`` lives in
+slot ``i``. A decode step writes one position
 per row in place (no concatenation), and its attention reads ``capacity`` positions masked
 to each row's length. Shapes change only when the arena grows: the slot count in batch
 buckets, the capacity in multiples of ``block`` tokens with some headroom, so a run of
@@ -36,6 +38,7 @@ class KVArena:
         dtype: torch.dtype,
         device: torch.device,
         block: int,
+        tokens_first: bool = False,
     ) -> None:
         if block < 1:
             raise ValueError("block must be >= 1")
@@ -43,11 +46,18 @@ class KVArena:
         self._dtype = dtype
         self._device = device
         self._block = block
+        self.tokens_first = tokens_first
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.slots = 0
         self.capacity = 0
         self.generation = 0
+
+    def _span(self, slot: int | slice, n: int) -> tuple[int | slice, ...]:
+        """Index of the first ``n`` positions of ``slot``."""
+        if self.tokens_first:
+            return (slot, slice(0, n))
+        return (slot, slice(None), slice(0, n))
 
     def _target_capacity(self, length: int) -> int:
         headroom = length + length // 8
@@ -81,12 +91,15 @@ class KVArena:
         old_slots, old_cap = self.slots, self.capacity
         for store in (self.keys, self.values):
             for layer in range(layers):
-                fresh = torch.zeros(
-                    (slots, heads, capacity, dim), dtype=self._dtype, device=self._device
+                shape = (
+                    (slots, capacity, heads, dim)
+                    if self.tokens_first
+                    else (slots, heads, capacity, dim)
                 )
+                fresh = torch.zeros(shape, dtype=self._dtype, device=self._device)
                 if keep and layer < len(store):
-                    rows, width = min(slots, old_slots), min(capacity, old_cap)
-                    fresh[:rows, :, :width] = store[layer][:rows, :, :width]
+                    span = self._span(slice(0, min(slots, old_slots)), min(capacity, old_cap))
+                    fresh[span] = store[layer][span]
                 if layer < len(store):
                     store[layer] = fresh
                 else:
@@ -96,15 +109,17 @@ class KVArena:
 
     def write(self, slot: int, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store a row's first ``n`` positions from ``[kv_heads, n, head_dim]`` tensors."""
-        n = keys.shape[1]
-        self.keys[layer][slot, :, :n] = keys
-        self.values[layer][slot, :, :n] = values
+        span = self._span(slot, keys.shape[1])
+        if self.tokens_first:
+            keys, values = keys.transpose(0, 1), values.transpose(0, 1)
+        self.keys[layer][span] = keys
+        self.values[layer][span] = values
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy slot ``src``'s first ``length`` positions into slot ``dst``."""
         for store in (self.keys, self.values):
             for tensor in store:
-                tensor[dst, :, :length] = tensor[src, :, :length]
+                tensor[self._span(dst, length)] = tensor[self._span(src, length)]
 
     def release(self) -> None:
         """Free all storage."""

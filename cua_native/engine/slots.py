@@ -13,7 +13,7 @@ import torch
 
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.kv_arena import KVArena, batch_bucket
-from cua_native.engine.text_step import DecodeGraphs, StepInputs, TextStack
+from cua_native.engine.text_step import DecodeGraphs, StepInputs, TextStack, pick_attention
 
 
 class SlotDecoder:
@@ -26,13 +26,21 @@ class SlotDecoder:
         pad_id: int,
         block: int,
         cuda_graphs: bool,
+        attention: str = "auto",
     ) -> None:
         self._device = device
-        self._stack = TextStack(model)
-        self._prefiller = BatchDecoder(model, device, pad_id)
         dtype = model.get_output_embeddings().weight.dtype
+        self.attention = pick_attention(attention, device, dtype)
+        self._stack = TextStack(model, self.attention)
+        self._prefiller = BatchDecoder(model, device, pad_id)
         self._arena = KVArena(
-            self._stack.layers, self._stack.kv_heads, self._stack.head_dim, dtype, device, block
+            self._stack.layers,
+            self._stack.kv_heads,
+            self._stack.head_dim,
+            dtype,
+            device,
+            block,
+            tokens_first=self.attention == "flash",
         )
         self._graphs = (
             DecodeGraphs(self._stack.forward) if cuda_graphs and device.type == "cuda" else None

@@ -3,9 +3,14 @@
 The step runs the model's own modules (embedding, norms, projections, rotary embedding, MLP,
 output head) and its own ``apply_rotary_pos_emb``; only the cache write and the attention
 over the arena are done here: the new key/value of each row go to position ``write[i]`` of
-its slot, and attention reads the slot's ``capacity`` positions masked to ``lengths[i]``
-(grouped-query heads share their key/value head through a reshape, no copy). Softmax runs
-in float32 as in transformers' eager attention.
+its slot, then attention over the first ``write[i] + 1`` positions of the slot, one of:
+
+* ``flash`` (CUDA, bf16/fp16): PyTorch's flash-attention variable-length kernel
+  (``aten._flash_attention_forward`` with ``seqused_k``) over the tokens-first arena: it
+  reads only each row's used positions, grouped-query heads natively;
+* ``matmul`` (any device and dtype): two batched matmuls over the slot's ``capacity``
+  positions with the unused ones masked (grouped-query heads share their key/value head
+  through a reshape, no copy); softmax in float32 as in transformers' eager attention.
 
 Supported: text stacks whose layers are ``q/k/v/o_proj`` (+ optional ``q_norm``/``k_norm``)
 attention with full (non-sliding) attention, ``input_layernorm``/``post_attention_layernorm``
@@ -29,6 +34,23 @@ import torch
 from cua_native.engine.kv_arena import KVArena
 
 SUPPORTED_TEXT_MODELS = ("qwen3", "qwen3_vl_text")
+ATTENTION_KINDS = ("auto", "flash", "matmul")
+
+
+def pick_attention(kind: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Resolve ``auto``: ``flash`` on CUDA in half precision where PyTorch has the kernel."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {kind!r}")
+    flash_ok = (
+        device.type == "cuda"
+        and dtype in (torch.bfloat16, torch.float16)
+        and hasattr(torch.ops.aten, "_flash_attention_forward")
+    )
+    if kind == "flash" and not flash_ok:
+        raise ValueError("flash decode attention needs CUDA and bf16/fp16 weights")
+    if kind == "auto":
+        return "flash" if flash_ok else "matmul"
+    return kind
 
 
 def _text_model(model: torch.nn.Module) -> Any:
@@ -71,7 +93,7 @@ class StepInputs:
 class TextStack:
     """The decode step of one model; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, attention: str = "matmul") -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode unsupported: {reason}")
@@ -85,6 +107,7 @@ class TextStack:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(first.head_dim)
+        self.attention = attention
 
     def forward(self, arena: KVArena, batch: int, inputs: StepInputs) -> torch.Tensor:
         """Logits ``[batch, vocab]`` of the next token; writes each row's new key/value."""
@@ -93,13 +116,9 @@ class TextStack:
         pos = inputs.positions.view(1, batch, 1)
         pos = pos.expand(3, batch, 1) if self._mrope else pos[0]
         cos, sin = text.rotary_emb(hidden, pos)
-        capacity = arena.capacity
-        lengths = inputs.write + 1
-        valid = torch.arange(capacity, device=hidden.device)[None, :] < lengths[:, None]
-        bias = torch.zeros(valid.shape, dtype=torch.float32, device=hidden.device)
-        bias = bias.masked_fill(~valid, float("-inf"))[:, None, None, :]
         rows = torch.arange(batch, device=hidden.device)
-        groups = self.heads // self.kv_heads
+        attend = self._flash if self.attention == "flash" else self._matmul
+        context = self._context(arena, batch, inputs, hidden.device)
         for index, layer in enumerate(text.layers):
             attn = layer.self_attn
             normed = layer.input_layernorm(hidden)
@@ -110,15 +129,69 @@ class TextStack:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             keys, values = arena.keys[index][:batch], arena.values[index][:batch]
-            keys[rows, :, inputs.write] = k[:, :, 0]
-            values[rows, :, inputs.write] = v[:, 0]
-            grouped = q.reshape(batch, self.kv_heads, groups, self.head_dim)
-            scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * attn.scaling
-            probs = torch.softmax(scores + bias, dim=-1).to(grouped.dtype)
-            out = torch.matmul(probs, values).reshape(batch, 1, self.heads * self.head_dim)
-            hidden = hidden + attn.o_proj(out)
+            if arena.tokens_first:
+                keys[rows, inputs.write] = k[:, :, 0]
+                values[rows, inputs.write] = v[:, 0]
+            else:
+                keys[rows, :, inputs.write] = k[:, :, 0]
+                values[rows, :, inputs.write] = v[:, 0]
+            out = attend(q, keys, values, context, float(attn.scaling))
+            hidden = hidden + attn.o_proj(out.reshape(batch, 1, self.heads * self.head_dim))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self._head(text.norm(hidden)[:, 0])
+
+    def _context(
+        self, arena: KVArena, batch: int, inputs: StepInputs, device: torch.device
+    ) -> tuple[torch.Tensor, ...]:
+        """What every layer's attention shares: masks (matmul) or offsets (flash)."""
+        lengths = inputs.write + 1
+        if self.attention == "flash":
+            starts = torch.arange(batch + 1, dtype=torch.int32, device=device)
+            return starts, starts * arena.capacity, lengths.to(torch.int32)
+        valid = torch.arange(arena.capacity, device=device)[None, :] < lengths[:, None]
+        bias = torch.zeros(valid.shape, dtype=torch.float32, device=device)
+        return (bias.masked_fill(~valid, float("-inf"))[:, None, None, :],)
+
+    def _matmul(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        context: tuple[torch.Tensor, ...],
+        scaling: float,
+    ) -> torch.Tensor:
+        (bias,) = context
+        batch = q.shape[0]
+        grouped = q.reshape(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scaling
+        probs = torch.softmax(scores + bias, dim=-1).to(grouped.dtype)
+        return torch.matmul(probs, values)
+
+    def _flash(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        context: tuple[torch.Tensor, ...],
+        scaling: float,
+    ) -> torch.Tensor:
+        cum_q, cum_k, used = context
+        batch, capacity = keys.shape[0], keys.shape[1]
+        out = torch.ops.aten._flash_attention_forward(
+            q[:, :, 0].contiguous(),
+            keys.reshape(batch * capacity, self.kv_heads, self.head_dim),
+            values.reshape(batch * capacity, self.kv_heads, self.head_dim),
+            cum_q,
+            cum_k,
+            1,
+            capacity,
+            0.0,
+            False,
+            False,
+            scale=scaling,
+            seqused_k=used,
+        )[0]
+        return out
 
 
 class DecodeGraphs:

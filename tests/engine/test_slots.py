@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -65,28 +66,37 @@ async def test_rows_join_a_running_batch_and_stay_exact(kit: Any, decoder: str) 
         task.add_done_callback(lambda _: done_at.setdefault(i, loop.time()))
         return task
 
-    decoding = threading.Event()
+    decoding, release = threading.Event(), threading.Event()
     steps: list[int] = []
 
-    def count(*_: Any) -> None:
+    def count(*_: Any) -> None:  # hold the worker inside the first request's 3rd pass
         steps.append(1)
-        if len(steps) >= 3:
+        if len(steps) == 3:
             decoding.set()
+            release.wait(60)
+
+    def queued(n: int) -> bool:  # bounded polling off the event loop
+        for _ in range(6000):
+            if engine.queued == n:
+                return True
+            time.sleep(0.01)
+        return False
 
     engine.model.get_output_embeddings().register_forward_hook(count)
     try:
         first = kit.vision_request(_gconfig(64, ignore_eos=True), seed=1)
         first_task = track(0, engine.agenerate(first))
         # wait until the first request is being decoded
-        assert await asyncio.to_thread(decoding.wait, 30)
+        assert await asyncio.to_thread(decoding.wait, 60)
         late = [
             kit.text_request(_gconfig(6, temperature=0.7), text="Go home.", seed=2),
             kit.vision_request(_gconfig(6, top_k=7), text="Turn on Wi-Fi", seed=3),
             kit.text_request(_gconfig(6, top_p=0.9), text="Open Contacts and add Alice", seed=4),
         ]
-        late_resps = await asyncio.gather(
-            *(track(i + 1, engine.agenerate(r)) for i, r in enumerate(late))
-        )
+        late_tasks = [track(i + 1, engine.agenerate(r)) for i, r in enumerate(late)]
+        assert await asyncio.to_thread(queued, len(late))
+        release.set()
+        late_resps = await asyncio.gather(*late_tasks)
         first_resp = await first_task
         assert len(first_resp.output_tokens) == 64
         ended_first = min(done_at[i] for i in (1, 2, 3)) < done_at[0]
@@ -95,6 +105,7 @@ async def test_rows_join_a_running_batch_and_stay_exact(kit: Any, decoder: str) 
         for req, resp in zip(late, late_resps, strict=True):
             _assert_exact(kit, req, resp, req.gconfig.temperature)
     finally:
+        release.set()
         engine.destroy()
 
 
@@ -117,9 +128,16 @@ async def test_slots_and_legacy_sample_the_same_tokens(kit: Any) -> None:
         assert a.output_logprobs == pytest.approx(b.output_logprobs, abs=FP32_TOLERANCE)
 
 
-def test_arena_grows_in_buckets_and_keeps_contents() -> None:
+@pytest.mark.parametrize("tokens_first", [False, True])
+def test_arena_grows_in_buckets_and_keeps_contents(tokens_first: bool) -> None:
     arena = KVArena(
-        layers=2, kv_heads=2, head_dim=4, dtype=torch.float32, device=torch.device("cpu"), block=8
+        layers=2,
+        kv_heads=2,
+        head_dim=4,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        block=8,
+        tokens_first=tokens_first,
     )
     assert arena.ensure(rows=1, length=5)
     assert (arena.slots, arena.capacity) == (1, 8)
@@ -130,10 +148,14 @@ def test_arena_grows_in_buckets_and_keeps_contents() -> None:
     assert arena.ensure(rows=3, length=20)
     assert arena.generation > generation
     assert (arena.slots, arena.capacity) == (batch_bucket(3), 24)
-    assert torch.equal(arena.keys[1][0, :, :5], keys)
-    assert torch.equal(arena.values[1][0, :, :5], -keys)
+
+    def row(tensor: torch.Tensor, slot: int) -> torch.Tensor:  # [kv_heads, n, head_dim]
+        return tensor[slot, :5].transpose(0, 1) if tokens_first else tensor[slot, :, :5]
+
+    assert torch.equal(row(arena.keys[1], 0), keys)
+    assert torch.equal(row(arena.values[1], 0), -keys)
     arena.move(0, 2, 5)
-    assert torch.equal(arena.keys[1][2, :, :5], keys)
+    assert torch.equal(row(arena.keys[1], 2), keys)
     arena.fit(rows=1, length=5)  # idle: a much smaller batch shrinks the arena
     assert (arena.slots, arena.capacity) == (1, 8)
 
