@@ -588,16 +588,27 @@ class InProcessEngine(InferenceEngine):
                 if group and width * (len(group) + 1) > self.config.prefill_tokens:
                     break
                 group.append(i)
-            logits = decoder.fill([active[i].row() for i in group], group, len(active))
+            logits = decoder.fill(
+                [active[i].row() for i in group],
+                group,
+                len(active),
+                need=max(len(job.prepared.input_ids) + len(job.tokens) for job in active) + 1,
+                horizon=self._horizon(active),
+            )
             for i in group:
                 active[i].needs_prefill = False
         else:
             group = list(range(len(active)))
-            logits = decoder.step([job.tokens[-1] for job in active])
+            logits = decoder.step([job.tokens[-1] for job in active], self._horizon(active))
         finished = set(group) - set(self._sample(active, group, logits, version))
         if not finished:
             return active
         return self._retain(decoder, active, [i for i in range(len(active)) if i not in finished])
+
+    @staticmethod
+    def _horizon(active: list[_Job]) -> int:
+        """The most positions any running row can reach (prompt + max_new_tokens)."""
+        return max(len(job.prepared.input_ids) + job.params.max_new_tokens for job in active)
 
     def _sample(
         self, active: list[_Job], rows: list[int], logits: torch.Tensor, version: int

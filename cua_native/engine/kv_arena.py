@@ -59,11 +59,15 @@ class KVArena:
             return (slot, slice(0, n))
         return (slot, slice(None), slice(0, n))
 
-    def _target_capacity(self, length: int) -> int:
-        headroom = length + length // 8
-        return -(-headroom // self._block) * self._block
+    def _target_capacity(self, length: int, horizon: int | None) -> int:
+        """``length`` plus 1/8 headroom, but no more than ``horizon`` (the longest any row
+        can become), in whole blocks."""
+        target = length + length // 8
+        if horizon is not None:
+            target = max(length, min(target, horizon))
+        return -(-target // self._block) * self._block
 
-    def ensure(self, rows: int, length: int) -> bool:
+    def ensure(self, rows: int, length: int, horizon: int | None = None) -> bool:
         """Make room for ``rows`` slots of ``length`` positions; True when storage moved.
 
         Grows layer by layer (old and new tensors of one layer coexist, not of all layers),
@@ -72,15 +76,15 @@ class KVArena:
         if rows <= self.slots and length <= self.capacity:
             return False
         slots = max(self.slots, batch_bucket(rows))
-        capacity = max(self.capacity, self._target_capacity(length))
+        capacity = max(self.capacity, self._target_capacity(length, horizon))
         self._reallocate(slots, capacity, keep=True)
         return True
 
-    def fit(self, rows: int, length: int) -> None:
+    def fit(self, rows: int, length: int, horizon: int | None = None) -> None:
         """With no row held: size the arena for ``rows`` x ``length`` (shrinking a much
         larger one, so an idle engine does not keep the largest batch's memory)."""
         slots = batch_bucket(rows)
-        capacity = self._target_capacity(length)
+        capacity = self._target_capacity(length, horizon)
         if self.slots >= slots and self.capacity >= capacity:
             if self.slots * self.capacity <= 2 * slots * capacity:
                 return

@@ -60,18 +60,22 @@ class SlotDecoder:
         self._lengths += [0] * (total - len(self._lengths))
         self._next_pos += [0] * (total - len(self._next_pos))
 
-    def fill(self, rows: list[RowInput], slots: list[int], total: int) -> torch.Tensor:
+    def fill(
+        self, rows: list[RowInput], slots: list[int], total: int, need: int, horizon: int
+    ) -> torch.Tensor:
         """Prefill ``rows`` into ``slots`` of a batch of ``total`` rows (rows not yet filled
-        count as empty); returns their next-token logits."""
+        count as empty); returns their next-token logits. ``need``: the most positions any
+        of the ``total`` rows holds after its next token; ``horizon``: the most any can
+        ever hold (prompt + max_new_tokens), which bounds the arena's headroom."""
         logits = self._prefiller.prefill(rows)
         cache, next_pos = self._prefiller.cache, self._prefiller.next_positions
         idle = not any(self._lengths)
         self._pad_to(max(total, max(slots) + 1))
-        longest = max(len(r.ids) for r in rows)
+        need = max([need, *(len(r.ids) + 1 for r in rows), *(n + 1 for n in self._lengths)])
         if idle:
-            self._arena.fit(self.size, longest + 1)
+            self._arena.fit(self.size, need, horizon)
         else:
-            self._arena.ensure(self.size, max([longest, *self._lengths]) + 1)
+            self._arena.ensure(self.size, need, horizon)
         width = cache.layers[0].keys.shape[2]
         for i, (row, slot) in enumerate(zip(rows, slots, strict=True)):
             n = len(row.ids)
@@ -84,12 +88,12 @@ class SlotDecoder:
         self._prefiller.reset()
         return logits
 
-    def step(self, tokens: list[int]) -> torch.Tensor:
+    def step(self, tokens: list[int], horizon: int | None = None) -> torch.Tensor:
         """Feed one token per row; next-token logits ``[rows, vocab]``."""
         n = self.size
         if len(tokens) != n or n == 0 or not all(self._lengths):
             raise ValueError(f"step needs {n} tokens, got {len(tokens)}")
-        self._arena.ensure(n, max(self._lengths) + 1)
+        self._arena.ensure(n, max(self._lengths) + 1, horizon)
         batch = batch_bucket(n)
         pad = batch - n
         inputs = StepInputs(
