@@ -84,7 +84,9 @@ class KVArena:
         """With no row held: size the arena for ``rows`` x ``length`` (shrinking a much
         larger one, so an idle engine does not keep the largest batch's memory)."""
         slots = batch_bucket(rows)
-        capacity = self._target_capacity(length, horizon)
+        # the headroom is kept even past ``horizon`` when the arena is small: the next
+        # batch's prompts are usually a little longer, and a new storage costs new graphs
+        capacity = self._target_capacity(length, horizon if rows > 8 else None)
         if self.slots >= slots and self.capacity >= capacity:
             if self.slots * self.capacity <= 2 * slots * capacity:
                 return

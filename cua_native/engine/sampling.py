@@ -251,7 +251,9 @@ def _sample_simple(
     if sampling:
         pick = torch.tensor(sampling, dtype=torch.long, device=device)
         probs = torch.softmax(restricted.index_select(0, pick).double(), dim=-1)
-        cdf = torch.cumsum(probs, dim=-1)
+        # one 1-D scan per row, as in sample_token: the same summation order (on CUDA a
+        # batched scan differs in the last bits, and is slower for a few long rows)
+        cdf = torch.stack([torch.cumsum(row, dim=-1) for row in probs])
         u = torch.tensor([uniforms[rows[j]] for j in sampling], dtype=cdf.dtype, device=device)
         target = u[:, None] * cdf[:, -1:]
         drawn = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.shape[-1] - 1)

@@ -96,11 +96,13 @@ class SlotDecoder:
         self._arena.ensure(n, max(self._lengths) + 1, horizon)
         batch = batch_bucket(n)
         pad = batch - n
-        inputs = StepInputs(
-            tokens=self._tensor(tokens + [0] * pad),
-            positions=self._tensor(self._next_pos + [0] * pad),
-            write=self._tensor(self._lengths + [0] * pad),
+        host = torch.tensor(
+            [tokens + [0] * pad, self._next_pos + [0] * pad, self._lengths + [0] * pad],
+            dtype=torch.long,
         )
+        packed = host.pin_memory() if self._device.type == "cuda" else host
+        tokens_t, positions_t, write_t = packed.to(self._device, non_blocking=True)
+        inputs = StepInputs(tokens=tokens_t, positions=positions_t, write=write_t)
         if self._graphs is not None:
             logits = self._graphs.run(self._arena, batch, inputs)
         else:
@@ -108,9 +110,6 @@ class SlotDecoder:
         self._lengths = [x + 1 for x in self._lengths]
         self._next_pos = [x + 1 for x in self._next_pos]
         return logits[:n]
-
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(self._device, non_blocking=True)
 
     def retain(self, keep: list[int], total: int) -> list[int]:
         """Keep rows ``keep`` (increasing indices) of a batch of ``total``; returns

@@ -79,6 +79,16 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The Qwen RMSNorm module's function (float32 statistics, weight applied after the cast
+    back) through PyTorch's one-kernel ``rms_norm``; other norm modules are called as is."""
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None or not type(module).__name__.endswith("RMSNorm"):
+        return module(x)
+    normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return module.weight * normed.to(x.dtype)
+
+
 @dataclass(frozen=True, slots=True)
 class StepInputs:
     """Per-row inputs of one step, ``[batch]`` long tensors on the model's device."""
@@ -121,12 +131,12 @@ class TextStack:
         context = self._context(arena, batch, inputs, hidden.device)
         for index, layer in enumerate(text.layers):
             attn = layer.self_attn
-            normed = layer.input_layernorm(hidden)
+            normed = _rms_norm(layer.input_layernorm, hidden)
             q = attn.q_proj(normed).view(batch, 1, self.heads, self.head_dim)
             k = attn.k_proj(normed).view(batch, 1, self.kv_heads, self.head_dim)
             v = attn.v_proj(normed).view(batch, 1, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
             q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             keys, values = arena.keys[index][:batch], arena.values[index][:batch]
             if arena.tokens_first:
@@ -137,8 +147,8 @@ class TextStack:
                 values[rows, :, inputs.write] = v[:, 0]
             out = attend(q, keys, values, context, float(attn.scaling))
             hidden = hidden + attn.o_proj(out.reshape(batch, 1, self.heads * self.head_dim))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self._head(text.norm(hidden)[:, 0])
+            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+        return self._head(_rms_norm(text.norm, hidden)[:, 0])
 
     def _context(
         self, arena: KVArena, batch: int, inputs: StepInputs, device: torch.device
@@ -210,15 +220,14 @@ class DecodeGraphs:
         The returned logits live in the graph's memory: read them before the next call.
         """
         if arena.generation != self._generation:
-            self._graphs.clear()
+            self.clear()  # their pool goes with them: a fresh one for the new storage
             self._generation = arena.generation
         entry = self._graphs.get(batch)
         if entry is None:
+            # the warm-up runs these very inputs; the replay below repeats them (the same
+            # keys/values land in the same positions), so running them twice is harmless
             entry = self._capture(arena, batch, inputs)
             self._graphs[batch] = entry
-            # capture left the step's effects undone only in the warm-up's favour: the
-            # warm-up already ran these very inputs, and the replay below repeats them
-            # (the same key/value land in the same positions)
         graph, static, logits = entry
         static.tokens.copy_(inputs.tokens)
         static.positions.copy_(inputs.positions)
@@ -244,4 +253,5 @@ class DecodeGraphs:
 
     def clear(self) -> None:
         self._graphs.clear()
+        self._pool = None
         self._generation = None
