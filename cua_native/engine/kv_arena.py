@@ -87,9 +87,9 @@ class KVArena:
         # the headroom is kept even past ``horizon`` when the arena is small: the next
         # batch's prompts are usually a little longer, and a new storage costs new graphs
         capacity = self._target_capacity(length, horizon if rows > 8 else None)
-        if self.slots >= slots and self.capacity >= capacity:
-            if self.slots * self.capacity <= 2 * slots * capacity:
-                return
+        fits = self.slots >= slots and self.capacity >= length
+        if fits and self.slots * self.capacity <= 2 * slots * capacity:
+            return
         self._reallocate(slots, capacity, keep=False)
 
     def _reallocate(self, slots: int, capacity: int, keep: bool) -> None:
