@@ -134,10 +134,7 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
         plan.workflow_kwargs["source"] == "step" and plan.eval_workflow_kwargs["source"] == "eval"
     )
     assert plan.workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
-    assert (
-        plan.workflow_kwargs["observer_factory"]
-        == "cua_native.monitor.client.worker.observer_from_env"
-    )
+    assert plan.workflow_kwargs["observer_factory"] == "cua_native.monitor.client.worker.observer_from_env"
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
     assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
     assert plan.worker_env["MALLOC_ARENA_MAX"] == "1"
