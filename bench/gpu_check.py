@@ -14,7 +14,13 @@ Sections (``--sections``, all by default):
   3-screenshot MAI-UI prompt, 256 new tokens: prefill (time to first token), per-turn latency,
   decode tok/s, peak memory; then several turns decoded as one batch. Every turn has its own
   prompt length, as in real rollouts. The tokenizer is the tiny one (only the text part of the
-  prompt is shorter than with Qwen's real vocabulary).
+  prompt is shorter than with Qwen's real vocabulary). Each decoder of ``--real-decoders``
+  (default ``slots,legacy``: the old static-batching path stays measurable in the same run)
+  is measured on the same turns; batch-1 decode is printed beside its HBM bound (text
+  weights + the row's KV read once per step at the measured copy bandwidth), and the
+  largest concurrency beside plain ``model.generate`` on the same inputs
+  (``--real-generate dynamic,static``: default cache; static cache, which transformers
+  compiles). ``--profile`` adds a torch.profiler table of one slots-decoder turn.
 * ``grpo``: ``LocalTrainEngine`` + AReaL's ``PPOActor`` with the embedded default's actor
   config on the tiny model: groups sampled from the engine, then the phases of
   ``cua_native.training.embedded._ppo_step`` timed one by one (``compute_logp``, checked
@@ -22,7 +28,9 @@ Sections (``--sections``, all by default):
   copied into the engine, whose next tokens carry the new version and match the trainer.
 
     python bench/gpu_check.py [--device cuda] [--sections exact,real,grpo] [--json out.json]
-                              [--no-cudnn-sdp]
+                              [--no-cudnn-sdp] [--real-concurrency 8,32]
+                              [--real-decoders slots,legacy] [--real-generate dynamic,static]
+                              [--profile]
 
 ``--no-cudnn-sdp``: PyTorch (2.11, H100/H200, bf16) picks cuDNN for scaled-dot-product
 attention, and cuDNN builds a new execution plan for every new tensor shape. With a KV cache
@@ -66,6 +74,7 @@ QUEUE_WAIT_S = 1.0
 REAL_MIN_PIXELS = 65536
 REAL_MAX_PIXELS = 16777216
 Figures = dict[str, Any]
+REAL_DECODERS = ("slots", "slots:flash", "slots:matmul", "legacy")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -348,10 +357,6 @@ def check_real(device: torch.device, args: argparse.Namespace) -> Figures:
         model = real_size_model(tokenizer, device, args)
     params = sum(p.numel() for p in model.parameters())
     weights_gib = peak_gib(device)
-    engine = InProcessEngine(
-        model, processor, config=InProcessEngineConfig(device=str(device), max_batch_size=8)
-    )
-    engine.initialize()
     figures: Figures = {"params_b": params / 1e9, "build_s": times["build"]}
     if weights_gib is not None:
         figures["weights_gib"] = weights_gib
@@ -359,83 +364,317 @@ def check_real(device: torch.device, args: argparse.Namespace) -> Figures:
         f"[real] {params / 1e9:.2f} B parameters in bf16, built on {device} in "
         f"{times['build']:.1f} s" + (f", {weights_gib:.2f} GiB" if weights_gib else "")
     )
-    try:
-        prompts_start = time.perf_counter()
-        requests = asyncio.run(
-            build_prompts(
-                processor,
-                2 + 4 + max(args.real_concurrency),
-                lambda i: GenerationHyperparameters(
-                    max_new_tokens=args.real_new_tokens, ignore_eos=True, temperature=1.0
-                ),
-                # every turn ~280 tokens longer than the last: no turn's decode (256 new
-                # tokens) revisits a (batch, length) shape an earlier one ran with, as in real
-                # rollouts, where prompt lengths vary
-                lambda i: INSTRUCTION + " Then go back." * (70 * i),
-                min_pixels=REAL_MIN_PIXELS,
-                max_pixels=args.real_max_pixels,
-            )
+    prompts_start = time.perf_counter()
+    requests = asyncio.run(
+        build_prompts(
+            processor,
+            2 + 4 + max(args.real_concurrency),
+            lambda i: GenerationHyperparameters(
+                max_new_tokens=args.real_new_tokens, ignore_eos=True, temperature=1.0
+            ),
+            # every turn ~280 tokens longer than the last: no turn's decode (256 new
+            # tokens) revisits a (batch, length) shape an earlier one ran with, as in real
+            # rollouts, where prompt lengths vary
+            lambda i: INSTRUCTION + " Then go back." * (70 * i),
+            min_pixels=REAL_MIN_PIXELS,
+            max_pixels=args.real_max_pixels,
         )
-        figures["prompt_build_s_per_turn"] = (time.perf_counter() - prompts_start) / len(requests)
-        turns = requests[2:]  # 3 screenshots each (MAI-UI window)
-        first = turns[0]
-        grid = first.metadata["multi_modal_input"]["image_grid_thw"]
-        image_tokens = int(grid.prod(-1).sum()) // 4
-        lengths = [len(t.input_ids) for t in turns]
-        figures.update(prompt_tokens=lengths[0], image_tokens=image_tokens)
-        print(
-            f"[real] prompts: {min(lengths)}..{max(lengths)} tokens, {grid.shape[0]} images "
-            f"({image_tokens} image tokens, grids {grid.tolist()}), "
-            f"{args.real_new_tokens} new tokens"
+    )
+    figures["prompt_build_s_per_turn"] = (time.perf_counter() - prompts_start) / len(requests)
+    turns = requests[2:]  # 3 screenshots each (MAI-UI window)
+    grid = turns[0].metadata["multi_modal_input"]["image_grid_thw"]
+    image_tokens = int(grid.prod(-1).sum()) // 4
+    lengths = [len(t.input_ids) for t in turns]
+    figures.update(prompt_tokens=lengths[0], image_tokens=image_tokens)
+    print(
+        f"[real] prompts: {min(lengths)}..{max(lengths)} tokens, {grid.shape[0]} images "
+        f"({image_tokens} image tokens, grids {grid.tolist()}), "
+        f"{args.real_new_tokens} new tokens"
+    )
+    bound = HbmBound.measure(model, device, args.real_new_tokens)
+    figures["hbm"] = bound.figures()
+    print(f"[real] {bound.describe()}")
+    for decoder in args.real_decoders:
+        kind, _, attention = decoder.partition(":")
+        config = InProcessEngineConfig(
+            device=str(device),
+            max_batch_size=max(args.real_concurrency),
+            decoder=kind,  # type: ignore[arg-type]
+            decode_attention=attention or "auto",  # type: ignore[arg-type]
         )
-        asyncio.run(generate(engine, [first], concurrent=False))  # warm-up
-        latencies, ttfts, decode_rates = [], [], []
+        engine = InProcessEngine(model, processor, config=config)
+        engine.initialize()
+        try:
+            figures[decoder] = real_turns(engine, decoder, turns, bound, device, args)
+            if args.profile and kind == "slots":
+                figures[decoder]["profile"] = profile_decode(engine, turns[1], device, args)
+        finally:
+            engine.destroy()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    for mode in args.real_generate:
+        figures[f"generate_{mode}"] = generate_baseline(model, turns, mode, device, args)
+    print_ratios(figures, args)
+    return figures
+
+
+def real_turns(
+    engine: InProcessEngine,
+    label: str,
+    turns: list[ModelRequest],
+    bound: HbmBound,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> Figures:
+    """One turn at a time (ttft, decode rate against the HBM bound), then n together."""
+    first = turns[0]
+    asyncio.run(generate(engine, [first], concurrent=False))  # warm-up
+    latencies, ttfts, decode_rates = [], [], []
+    reset_peak(device)
+    singles = turns[1:4]
+    for req in singles:
+        (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
+        latencies.append(resp.latency)
+        ttfts.append(resp.ttft)
+        decode_rates.append((len(resp.output_tokens) - 1) / (resp.latency - resp.ttft))
+    bound_1 = statistics.median(bound.tok_s([len(r.input_ids)]) for r in singles)
+    figures: Figures = {
+        "decoder": label,
+        "turn_latency_s": statistics.median(latencies),
+        "prefill_s": statistics.median(ttfts),
+        "decode_tok_s": statistics.median(decode_rates),
+        "decode_bound_tok_s": bound_1,
+        "decode_fraction_of_bound": statistics.median(decode_rates) / bound_1,
+        "turn_tok_s": args.real_new_tokens / statistics.median(latencies),
+        "peak_gib_single": peak_gib(device),
+    }
+    print(
+        f"[real:{label}] 1 turn: latency {figures['turn_latency_s']:.2f} s, prefill (ttft) "
+        f"{figures['prefill_s'] * 1000:.0f} ms, decode {figures['decode_tok_s']:.1f} tok/s "
+        f"= {100 * figures['decode_fraction_of_bound']:.1f} % of the HBM bound "
+        f"{bound_1:.0f} tok/s"
+        + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
+    )
+    for n in args.real_concurrency:
         reset_peak(device)
-        for req in turns[1:4]:
-            (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
-            latencies.append(resp.latency)
-            ttfts.append(resp.ttft)
-            decode_rates.append((len(resp.output_tokens) - 1) / (resp.latency - resp.ttft))
-        figures.update(
-            turn_latency_s=statistics.median(latencies),
-            prefill_s=statistics.median(ttfts),
-            decode_tok_s=statistics.median(decode_rates),
-            turn_tok_s=args.real_new_tokens / statistics.median(latencies),
-            peak_gib_single=peak_gib(device),
-        )
+        batch = turns[4 : 4 + n]
+        try:
+            responses, wall, queued = asyncio.run(generate(engine, batch, True))
+        except RuntimeError as exc:  # an out-of-memory surfaces as "generation failed"
+            figures[f"concurrent_{n}_error"] = repr(exc)[:300]
+            print(f"[real:{label}] {n} concurrent turns failed: {exc!r}"[:400])
+            break
+        bound_n = bound.tok_s([len(r.input_ids) for r in batch])
+        figures[f"concurrent_{n}_wall_s"] = wall
+        figures[f"concurrent_{n}_tok_s"] = tok_per_s(responses, wall)
+        figures[f"concurrent_{n}_bound_tok_s"] = bound_n
+        figures[f"concurrent_{n}_ttft_s"] = statistics.median(r.ttft - queued for r in responses)
+        figures[f"concurrent_{n}_peak_gib"] = peak_gib(device)
         print(
-            f"[real] 1 turn: latency {figures['turn_latency_s']:.2f} s, prefill (ttft) "
-            f"{figures['prefill_s'] * 1000:.0f} ms, decode {figures['decode_tok_s']:.1f} tok/s"
-            + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
-        )
-        for n in args.real_concurrency:
-            reset_peak(device)
-            try:
-                batch = turns[4 : 4 + n]
-                responses, wall, queued = asyncio.run(generate(engine, batch, True))
-            except RuntimeError as exc:  # an out-of-memory surfaces as "generation failed"
-                figures[f"concurrent_{n}_error"] = repr(exc)[:300]
-                print(f"[real] {n} concurrent turns failed: {exc!r}"[:400])
-                break
-            figures[f"concurrent_{n}_wall_s"] = wall
-            figures[f"concurrent_{n}_tok_s"] = tok_per_s(responses, wall)
-            figures[f"concurrent_{n}_ttft_s"] = statistics.median(
-                r.ttft - queued for r in responses
+            f"[real:{label}] {n} concurrent turns: wall {wall:.2f} s, "
+            f"{figures[f'concurrent_{n}_tok_s']:.1f} tok/s total (HBM bound {bound_n:.0f}), "
+            f"median ttft {figures[f'concurrent_{n}_ttft_s'] * 1000:.0f} ms"
+            + (
+                f", peak {figures[f'concurrent_{n}_peak_gib']:.2f} GiB"
+                if device.type == "cuda"
+                else ""
             )
-            figures[f"concurrent_{n}_peak_gib"] = peak_gib(device)
+        )
+    return figures
+
+
+class HbmBound:
+    """Decode tok/s if every step only read the text weights and the rows' KV once, at the
+    device-to-device copy bandwidth measured here (bytes read + written)."""
+
+    def __init__(self, bandwidth: float, weight_bytes: int, kv_bytes_per_token: int, new: int):
+        self.bandwidth = bandwidth
+        self.weight_bytes = weight_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.new_tokens = new
+
+    @classmethod
+    def measure(cls, model: Any, device: torch.device, new_tokens: int) -> HbmBound:
+        text = model.model.language_model
+        seen: set[int] = set()
+        weight_bytes = 0
+        for p in [*text.parameters(), *model.get_output_embeddings().parameters()]:
+            if id(p) not in seen:  # tied input/output embeddings are read once (the head)
+                seen.add(id(p))
+                weight_bytes += p.numel() * p.element_size()
+        cfg = text.config
+        kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+        bandwidth = float("nan")
+        if device.type == "cuda":
+            src = torch.empty(2**30, dtype=torch.uint8, device=device)
+            dst = torch.empty_like(src)
+            for _ in range(3):
+                dst.copy_(src)
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                dst.copy_(src)
+            stop.record()
+            stop.synchronize()
+            bandwidth = 2 * 20 * src.numel() / (start.elapsed_time(stop) / 1000)
+            del src, dst
+        return cls(bandwidth, weight_bytes, kv_per_token, new_tokens)
+
+    def tok_s(self, prompt_lengths: list[int]) -> float:
+        """Bound for rows decoding together (mean context: prompt + half the new tokens)."""
+        kv = sum(n + self.new_tokens // 2 for n in prompt_lengths) * self.kv_bytes_per_token
+        return len(prompt_lengths) * self.bandwidth / (self.weight_bytes + kv)
+
+    def figures(self) -> Figures:
+        return {
+            "bandwidth_tb_s": self.bandwidth / 1e12,
+            "text_weight_gb": self.weight_bytes / 1e9,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"HBM bound inputs: copy bandwidth {self.bandwidth / 1e12:.2f} TB/s, text weights "
+            f"{self.weight_bytes / 1e9:.2f} GB, KV {self.kv_bytes_per_token / 1e3:.1f} kB/token"
+        )
+
+
+def profile_decode(
+    engine: InProcessEngine, req: ModelRequest, device: torch.device, args: argparse.Namespace
+) -> Figures:
+    """torch.profiler over one turn: where the decode steps' GPU and CPU time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
+    events = prof.key_averages()
+    table = events.table(
+        sort_by="self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total",
+        row_limit=18,
+    )
+    print(table)
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+    steps = len(resp.output_tokens)
+    figures = {
+        "tokens": steps,
+        "wall_s": resp.latency,
+        "ttft_s": resp.ttft,
+        "gpu_ms_total": gpu_us / 1000,
+        "kernels_total": kernels,
+        "table": table,
+    }
+    print(
+        f"[profile] one turn of {steps} tokens: {resp.latency:.2f} s wall, GPU busy "
+        f"{gpu_us / 1000:.0f} ms, {kernels} kernels (prefill included)"
+    )
+    return figures
+
+
+def generate_baseline(
+    model: Any,
+    turns: list[ModelRequest],
+    mode: str,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> Figures:
+    """Plain ``model.generate`` on the same 32 (``--real-concurrency`` max) turns as one
+    left-padded batch: ``dynamic`` (default cache) or ``static`` (static cache, which
+    transformers compiles automatically)."""
+    n = max(args.real_concurrency)
+    batch = turns[4 : 4 + n]
+    pad = model.generation_config.pad_token_id
+    width = max(len(r.input_ids) for r in batch)
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(batch):
+        ids[i, width - len(r.input_ids) :] = torch.tensor(r.input_ids)
+        mask[i, width - len(r.input_ids) :] = 1
+    mm = [r.metadata["multi_modal_input"] for r in batch]
+    types = (ids == model.config.image_token_id).long()
+    inputs = {
+        "input_ids": ids.to(device),
+        "attention_mask": mask.to(device),
+        "mm_token_type_ids": types.to(device),
+        "pixel_values": torch.cat([m["pixel_values"] for m in mm]).to(device, model.dtype),
+        "image_grid_thw": torch.cat([m["image_grid_thw"] for m in mm]).to(device),
+    }
+    kwargs: dict[str, Any] = {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_new_tokens": args.real_new_tokens,
+        "max_new_tokens": args.real_new_tokens,
+    }
+    if mode == "static":
+        kwargs["cache_implementation"] = "static"
+    figures: Figures = {"rows": n}
+    try:
+        with torch.inference_mode():
+            model.model.rope_deltas = None
+            if mode == "static":  # the first call compiles; not timed
+                start = time.perf_counter()
+                model.generate(**inputs, **{**kwargs, "min_new_tokens": 4, "max_new_tokens": 4})
+                figures["compile_s"] = time.perf_counter() - start
+            reset_peak(device)
+            model.model.rope_deltas = None
+            sync(device)
+            start = time.perf_counter()
+            out = model.generate(**inputs, **kwargs)
+            sync(device)
+            wall = time.perf_counter() - start
+    except Exception as exc:  # an out-of-memory or a compile failure is a figure too
+        figures["error"] = repr(exc)[:300]
+        print(f"[generate:{mode}] failed: {exc!r}"[:400])
+        return figures
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    new = (out.shape[1] - width) * n
+    figures.update(wall_s=wall, tok_s=new / wall, peak_gib=peak_gib(device))
+    print(f"[generate:{mode}] {n} turns as one batch: wall {wall:.2f} s, {new / wall:.1f} tok/s")
+    return figures
+
+
+def print_ratios(figures: Figures, args: argparse.Namespace) -> None:
+    """The goals' ratios, side by side: new decoder against the legacy one and generate."""
+    n = max(args.real_concurrency)
+    labels = [d for d in args.real_decoders if d in figures]
+    base = figures.get("generate_dynamic", {}).get("tok_s")
+    for label in labels:
+        got = figures[label]
+        line = (
+            f"[ratios:{label}] batch-1 decode {got['decode_tok_s']:.1f} tok/s = "
+            f"{100 * got['decode_fraction_of_bound']:.1f} % of HBM bound "
+            f"{got['decode_bound_tok_s']:.0f}; ttft {got['prefill_s'] * 1000:.0f} ms"
+        )
+        rate = got.get(f"concurrent_{n}_tok_s")
+        if rate is not None and base:
+            line += f"; {n} concurrent {rate:.1f} tok/s = x{rate / base:.2f} plain generate"
+        static = figures.get("generate_static", {}).get("tok_s")
+        if rate is not None and static:
+            line += f", x{rate / static:.2f} generate+static cache+compile"
+        print(line)
+    if "legacy" in figures:
+        old = figures["legacy"]
+        for label in labels:
+            if label == "legacy":
+                continue
+            new = figures[label]
             print(
-                f"[real] {n} concurrent turns: wall {wall:.2f} s, "
-                f"{figures[f'concurrent_{n}_tok_s']:.1f} tok/s total, median ttft "
-                f"{figures[f'concurrent_{n}_ttft_s'] * 1000:.0f} ms"
+                f"[ratios:{label}/legacy] ttft x{new['prefill_s'] / old['prefill_s']:.2f}, "
+                f"batch-1 decode x{new['decode_tok_s'] / old['decode_tok_s']:.2f}"
                 + (
-                    f", peak {figures[f'concurrent_{n}_peak_gib']:.2f} GiB"
-                    if device.type == "cuda"
+                    f", {n} concurrent x"
+                    f"{new[f'concurrent_{n}_tok_s'] / old[f'concurrent_{n}_tok_s']:.2f}"
+                    if f"concurrent_{n}_tok_s" in new and f"concurrent_{n}_tok_s" in old
                     else ""
                 )
             )
-    finally:
-        engine.destroy()
-    return figures
 
 
 # ---------------------------------------------------------------------------- grpo
@@ -611,6 +850,21 @@ def parse_args() -> argparse.Namespace:
         help="numbers of turns decoded together (comma-separated)",
     )
     parser.add_argument(
+        "--real-decoders",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["slots", "legacy"],
+        help="engine decoders to measure, comma-separated: slots[:flash|:matmul], legacy",
+    )
+    parser.add_argument(
+        "--real-generate",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["dynamic"],
+        help="plain model.generate baselines on the largest concurrency: dynamic, static",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="torch.profiler over one slots-decoder turn"
+    )
+    parser.add_argument(
         "--no-cudnn-sdp",
         action="store_true",
         help="turn off PyTorch's cuDNN attention backend (torch.backends.cuda.enable_cudnn_sdp)",
@@ -628,6 +882,13 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
+    bad = [d for d in args.real_decoders if d not in REAL_DECODERS]
+    bad += [g for g in args.real_generate if g not in ("dynamic", "static")]
+    if bad:
+        raise SystemExit(
+            f"unknown --real-decoders/--real-generate values {bad}; decoders: "
+            f"{', '.join(REAL_DECODERS)}; generate: dynamic, static"
+        )
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(sections) - {"exact", "real", "grpo"}
     if unknown:

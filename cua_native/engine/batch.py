@@ -66,6 +66,18 @@ class BatchDecoder:
     def size(self) -> int:
         return 0 if self._mask is None else int(self._mask.shape[0])
 
+    @property
+    def cache(self) -> DynamicCache:
+        """The KV cache of the last ``prefill`` (rows left-padded to one width)."""
+        if self._cache is None:
+            raise ValueError("no rows prefilled")
+        return self._cache
+
+    @property
+    def next_positions(self) -> list[int]:
+        """Each row's rotary position for its next token."""
+        return [] if self._next_pos is None else [int(p) for p in self._next_pos.tolist()]
+
     def _row_positions(self, row: RowInput) -> torch.Tensor:
         """Positions ``[3 or 1, L]`` of one unpadded row."""
         ids = torch.tensor(row.ids, dtype=torch.long)

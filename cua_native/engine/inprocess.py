@@ -1,13 +1,22 @@
 """In-process transformers engine speaking AReaL's ``InferenceEngine.agenerate``.
 
 One worker thread owns the model. ``agenerate`` prepares inputs off the event loop, queues
-a job and awaits its future. The worker takes up to ``max_batch_size`` queued jobs, prefills
-them as one left-padded batch (text and vision rows alike) and decodes them together with a
-KV cache until each stops; jobs that arrive meanwhile wait for the next batch (static
-batching). Weight updates, version changes and pauses are applied by the worker between two
-forward passes, so they never overlap one. After a weight update the running rows are
-re-prefilled (prompt + tokens so far) under the new weights, so every token's logprob is
-exactly the one the weights of its ``output_versions`` entry give for its prefix.
+a job and awaits its future. Two decoders (``InProcessEngineConfig.decoder``):
+
+* ``slots`` (Qwen3 / Qwen3-VL text stacks, the default where supported): continuous
+  batching. Queued jobs join the running batch at the next step boundary while fewer than
+  ``max_batch_size`` rows run; they are prefilled in left-padded groups of at most
+  ``prefill_tokens`` padded tokens, their keys/values copied into fixed-shape slots
+  (``kv_arena.py``), and every decode step runs all rows at once (``text_step.py``: a
+  CUDA graph per batch bucket on CUDA). Rows leave as soon as they stop.
+* ``legacy`` (any model): static batching. Up to ``max_batch_size`` queued jobs are
+  prefilled as one batch and decoded together over transformers' ``DynamicCache`` until
+  each stops; jobs that arrive meanwhile wait for the next batch.
+
+Weight updates, version changes and pauses are applied by the worker between two forward
+passes, so they never overlap one. After a weight update the running rows are re-prefilled
+(prompt + tokens so far) under the new weights, so every token's logprob is exactly the one
+the weights of its ``output_versions`` entry give for its prefix.
 
 Sampling is deterministic for a fixed engine seed and call order: each request gets its own
 CPU ``torch.Generator`` seeded from ``(seed, request counter)`` (or ``metadata["seed"]``),
@@ -38,7 +47,9 @@ from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
 
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.inputs import PreparedInput, VisionSpec, prepare_input
-from cua_native.engine.sampling import LOGPROB_MODES, SamplingParams, sample_token
+from cua_native.engine.sampling import LOGPROB_MODES, SampledToken, SamplingParams, sample_rows
+from cua_native.engine.slots import SlotDecoder
+from cua_native.engine.text_step import unsupported_reason
 from cua_native.engine.weights import (
     NamedTensors,
     check_named_tensors,
@@ -47,6 +58,7 @@ from cua_native.engine.weights import (
 )
 
 StopReason = Literal["length", "stop", "abort"]
+DecoderKind = Literal["auto", "slots", "legacy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +73,27 @@ class InProcessEngineConfig:
     """``pause_generation`` ends running requests with ``stop_reason="abort"`` (SGLang's raw
     behaviour) instead of holding them until ``continue_generation`` (AReaL's agenerate)."""
     join_timeout_s: float = 30.0
+    decoder: DecoderKind = "auto"
+    """``slots``: continuous batching over a slot KV cache (Qwen3 / Qwen3-VL text stacks);
+    ``legacy``: static batches over transformers' ``DynamicCache`` (any model); ``auto``:
+    ``slots`` where the model is supported (see the module docstring)."""
+    cuda_graphs: bool = True
+    """Replay decode steps as CUDA graphs (``slots`` decoder on CUDA only)."""
+    kv_block: int = 256
+    """Slot capacity grows in multiples of this many tokens (``slots`` decoder)."""
+    prefill_tokens: int = 16384
+    """Most padded tokens one prefill forward takes (``slots`` decoder; one row at least)."""
+    decode_attention: Literal["auto", "flash", "matmul"] = "auto"
+    """Attention of the ``slots`` decode step (``text_step.py``): ``auto`` is ``flash`` on
+    CUDA in bf16/fp16, else ``matmul``."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if self.decoder not in ("auto", "slots", "legacy"):
+            raise ValueError("decoder must be one of auto, slots, legacy")
+        if self.kv_block < 1 or self.prefill_tokens < 1:
+            raise ValueError("kv_block and prefill_tokens must be >= 1")
         if self.logprob_mode not in LOGPROB_MODES:
             raise ValueError(f"logprob_mode must be one of {LOGPROB_MODES}")
 
@@ -84,6 +113,7 @@ class _Job:
     stop_reason: StopReason | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    needs_prefill: bool = True
 
     def row(self) -> RowInput:
         return RowInput(ids=self.prepared.input_ids + self.tokens, mm=self.prepared.mm)
@@ -143,6 +173,16 @@ class InProcessEngine(InferenceEngine):
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._running_rows = 0
+        self.decoder_kind = self._pick_decoder()
+
+    def _pick_decoder(self) -> Literal["slots", "legacy"]:
+        reason = unsupported_reason(self.model)
+        if self.config.decoder == "slots" and reason is not None:
+            raise ValueError(f"decoder='slots' is not available for this model: {reason}")
+        if self.config.decoder == "legacy" or reason is not None:
+            return "legacy"
+        return "slots"
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -210,6 +250,17 @@ class InProcessEngine(InferenceEngine):
     @property
     def initialized(self) -> bool:
         return self._thread is not None and not self._stopping
+
+    @property
+    def running_rows(self) -> int:
+        """How many requests the worker held after its last forward pass."""
+        return self._running_rows
+
+    @property
+    def queued(self) -> int:
+        """How many requests wait for admission."""
+        with self._cond:
+            return len(self._pending)
 
     @property
     def failure(self) -> BaseException | None:
@@ -445,6 +496,16 @@ class InProcessEngine(InferenceEngine):
                     self._abort_running = False  # nothing was running: nothing to abort
                 if active and self._abort_running:
                     return None, [], False
+                room = self.config.max_batch_size - len(active)
+                if (
+                    active
+                    and self.decoder_kind == "slots"
+                    and room > 0
+                    and self._pending
+                    and not (self._gen_paused or self._admission_paused)
+                ):
+                    size = min(room, len(self._pending))
+                    return None, [self._pending.popleft() for _ in range(size)], False
                 if active and any(j.cancelled for j in active):
                     return None, [], False
                 if active and self._gen_paused and self.config.abort_on_pause:
@@ -460,11 +521,22 @@ class InProcessEngine(InferenceEngine):
                     return None, [self._pending.popleft() for _ in range(size)], False
                 self._cond.wait()
 
+    def _new_decoder(self) -> BatchDecoder | SlotDecoder:
+        if self.decoder_kind == "legacy":
+            return BatchDecoder(self.model, self.device, self._pad_id)
+        return SlotDecoder(
+            self.model,
+            self.device,
+            self._pad_id,
+            self.config.kv_block,
+            self.config.cuda_graphs,
+            self.config.decode_attention,
+        )
+
     def _worker(self) -> None:
         active: list[_Job] = []
-        decoder = BatchDecoder(self.model, self.device, self._pad_id)
-        needs_prefill = False
         try:
+            decoder = self._new_decoder()
             with torch.inference_mode():
                 while True:
                     op, new_jobs, stop = self._take_work(active)
@@ -472,10 +544,11 @@ class InProcessEngine(InferenceEngine):
                         break
                     if op is not None:
                         self._run_op(op)
-                        needs_prefill = needs_prefill or (op.invalidates_cache and bool(active))
+                        if op.invalidates_cache:
+                            for job in active:
+                                job.needs_prefill = True
                         continue
-                    if new_jobs:
-                        active, needs_prefill = new_jobs, True
+                    active = active + new_jobs
                     if self._take_abort() or (self._gen_paused and self.config.abort_on_pause):
                         self._finish(active, "abort")
                         active = []
@@ -483,15 +556,17 @@ class InProcessEngine(InferenceEngine):
                         continue
                     kept = [i for i, j in enumerate(active) if not j.cancelled]
                     if len(kept) != len(active):
-                        active = [active[i] for i in kept]
-                        if not needs_prefill:
-                            decoder.keep(kept)
+                        active = self._retain(decoder, active, kept)
                     if not active:
                         decoder.reset()
                         continue
                     if self._gen_paused:  # woken for a cancellation: keep holding
                         continue
-                    active, needs_prefill = self._advance(decoder, active, needs_prefill)
+                    if isinstance(decoder, SlotDecoder):
+                        active = self._advance_slots(decoder, active)
+                    else:
+                        active = self._advance(decoder, active)
+                    self._running_rows = len(active)
         except BaseException as exc:
             self._failure = exc
             for job in active:
@@ -513,23 +588,84 @@ class InProcessEngine(InferenceEngine):
             requested, self._abort_running = self._abort_running, False
             return requested
 
-    def _advance(
-        self, decoder: BatchDecoder, active: list[_Job], needs_prefill: bool
-    ) -> tuple[list[_Job], bool]:
-        """One forward pass and one sampled token per row; returns the rows still running."""
+    @staticmethod
+    def _retain(
+        decoder: BatchDecoder | SlotDecoder, active: list[_Job], kept: list[int]
+    ) -> list[_Job]:
+        """Drop the rows not in ``kept`` from ``active`` and the decoder, in step."""
+        if isinstance(decoder, SlotDecoder):
+            return [active[i] for i in decoder.retain(kept, len(active))]
+        if not any(job.needs_prefill for job in active):
+            decoder.keep(kept)
+        return [active[i] for i in kept]
+
+    def _advance(self, decoder: BatchDecoder, active: list[_Job]) -> list[_Job]:
+        """Static batching: one forward pass and one token per row; the rows still running."""
         version = self.get_version()
-        if needs_prefill:
+        if any(job.needs_prefill for job in active):
             logits = decoder.prefill([job.row() for job in active])
+            for job in active:
+                job.needs_prefill = False
         else:
             logits = decoder.step([job.tokens[-1] for job in active])
+        still = self._sample(active, list(range(len(active))), logits, version)
+        decoder.keep(still)
+        return [active[i] for i in still]
+
+    def _advance_slots(self, decoder: SlotDecoder, active: list[_Job]) -> list[_Job]:
+        """Continuous batching: prefill one group of waiting rows, or step every row."""
+        version = self.get_version()
+        waiting = [i for i, job in enumerate(active) if job.needs_prefill]
+        if waiting:
+            group: list[int] = []
+            for i in waiting:
+                width = max([len(active[i].row().ids)] + [len(active[g].row().ids) for g in group])
+                if group and width * (len(group) + 1) > self.config.prefill_tokens:
+                    break
+                group.append(i)
+            logits = decoder.fill(
+                [active[i].row() for i in group],
+                group,
+                len(active),
+                need=max(len(job.prepared.input_ids) + len(job.tokens) for job in active) + 1,
+                horizon=self._horizon(active),
+            )
+            for i in group:
+                active[i].needs_prefill = False
+        else:
+            group = list(range(len(active)))
+            logits = decoder.step([job.tokens[-1] for job in active], self._horizon(active))
+        finished = set(group) - set(self._sample(active, group, logits, version))
+        if not finished:
+            return active
+        return self._retain(decoder, active, [i for i in range(len(active)) if i not in finished])
+
+    @staticmethod
+    def _horizon(active: list[_Job]) -> int:
+        """The most positions any running row can reach (prompt + max_new_tokens)."""
+        return max(len(job.prepared.input_ids) + job.params.max_new_tokens for job in active)
+
+    def _sample(
+        self, active: list[_Job], rows: list[int], logits: torch.Tensor, version: int
+    ) -> list[int]:
+        """Sample one token for each of ``active[rows]`` (``logits`` row ``j`` is
+        ``rows[j]``), finish the rows that stop; returns the rows still running."""
+        uniforms = [
+            float(torch.rand((), generator=active[i].generator, dtype=torch.float64)) for i in rows
+        ]
+        picked: list[SampledToken] = sample_rows(
+            logits,
+            [active[i].params for i in rows],
+            [len(active[i].tokens) for i in rows],
+            uniforms,
+        )
         now = time.perf_counter()
         truncated = self.config.logprob_mode == "truncated"
         still: list[int] = []
-        for i, job in enumerate(active):
-            uniform = float(torch.rand((), generator=job.generator, dtype=torch.float64))
-            picked = sample_token(logits[i], job.params, len(job.tokens), uniform)
-            job.tokens.append(picked.token)
-            job.logprobs.append(picked.truncated_logprob if truncated else picked.logprob)
+        for i, token in zip(rows, picked, strict=True):
+            job = active[i]
+            job.tokens.append(token.token)
+            job.logprobs.append(token.truncated_logprob if truncated else token.logprob)
             job.versions.append(version)
             job.times.append(now)
             reason = self._stop_reason(job)
@@ -537,8 +673,7 @@ class InProcessEngine(InferenceEngine):
                 still.append(i)
             else:
                 self._finish([job], reason)
-        decoder.keep(still)
-        return [active[i] for i in still], False
+        return still
 
     @staticmethod
     def _stop_reason(job: _Job) -> StopReason | None:

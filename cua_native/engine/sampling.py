@@ -16,7 +16,7 @@ batch composition and of the device.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -187,3 +187,89 @@ def sample_token(
     return SampledToken(
         token=token, logprob=float(logprobs[token]), truncated_logprob=float(truncated)
     )
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generated: Sequence[int],
+    uniforms: Sequence[float],
+) -> list[SampledToken]:
+    """``sample_token`` for every row of ``logits`` ``[rows, vocab]``, batched.
+
+    Rows without top-k/top-p (greedy or plain sampling) share a few whole-batch kernels and
+    one transfer to the host; the others go through ``sample_token``. Each row's arithmetic
+    is ``sample_token``'s (same operations, per row), so the result does not depend on which
+    rows share the batch (``tests/engine/test_sampling.py`` checks equality).
+    """
+    out: list[SampledToken | None] = [None] * len(params)
+    simple = [i for i, p in enumerate(params) if p.greedy or not p.restricts]
+    for i in range(len(params)):
+        if i not in simple:
+            out[i] = sample_token(logits[i], params[i], generated[i], uniforms[i])
+    if simple:
+        _sample_simple(logits, params, generated, uniforms, simple, out)
+    return [s for s in out if s is not None]
+
+
+def _sample_simple(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generated: Sequence[int],
+    uniforms: Sequence[float],
+    rows: list[int],
+    out: list[SampledToken | None],
+) -> None:
+    device = logits.device
+    index = torch.tensor(rows, dtype=torch.long, device=device)
+    temps = torch.tensor(
+        [params[i].logprob_temperature for i in rows], dtype=torch.float32, device=device
+    )
+    logprobs = torch.log_softmax(logits.index_select(0, index).float() / temps[:, None], dim=-1)
+    ban_rows: list[int] = []
+    ban_ids: list[int] = []
+    for j, i in enumerate(rows):
+        banned = set(params[i].never_sample)
+        if generated[i] < params[i].min_new_tokens:
+            banned |= params[i].stop_token_ids
+        ban_rows += [j] * len(banned)
+        ban_ids += sorted(banned)
+    restricted = logprobs
+    if ban_ids:
+        restricted = logprobs.index_put(
+            (
+                torch.tensor(ban_rows, dtype=torch.long, device=device),
+                torch.tensor(ban_ids, dtype=torch.long, device=device),
+            ),
+            torch.tensor(float("-inf"), device=device),
+        )
+    mask = torch.isfinite(restricted)
+    if not bool(mask.any(dim=-1).all()):
+        raise ValueError("every token is banned: cannot sample (check stop_token_ids).")
+    tokens = torch.argmax(restricted, dim=-1)
+    sampling = [j for j, i in enumerate(rows) if not params[i].greedy]
+    if sampling:
+        pick = torch.tensor(sampling, dtype=torch.long, device=device)
+        probs = torch.softmax(restricted.index_select(0, pick).double(), dim=-1)
+        # one 1-D scan per row, as in sample_token: the same summation order (on CUDA a
+        # batched scan differs in the last bits, and is slower for a few long rows)
+        cdf = torch.stack([torch.cumsum(row, dim=-1) for row in probs])
+        u = torch.tensor([uniforms[rows[j]] for j in sampling], dtype=cdf.dtype, device=device)
+        target = u[:, None] * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.shape[-1] - 1)
+        # a zero-probability bin at the very end: step back to the last allowed token
+        positions = torch.arange(cdf.shape[-1], device=device)
+        allowed_at = torch.where(mask.index_select(0, pick), positions, -1)
+        last_allowed = torch.cummax(allowed_at, dim=-1).values
+        tokens = tokens.index_copy(0, pick, last_allowed.gather(1, drawn)[:, 0])
+    truncated = torch.log_softmax(restricted, dim=-1)
+    picked = tokens[:, None]
+    values = torch.cat([logprobs.gather(1, picked), truncated.gather(1, picked)], dim=1)
+    host_tokens = tokens.tolist()
+    host_values = values.tolist()
+    for j, i in enumerate(rows):
+        out[i] = SampledToken(
+            token=int(host_tokens[j]),
+            logprob=float(host_values[j][0]),
+            truncated_logprob=float(host_values[j][1]),
+        )

@@ -81,9 +81,13 @@ async def test_update_from_saved_directory(kit: Any, tmp_path: Path) -> None:
         engine.destroy()
 
 
-async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any) -> None:
-    """No forward overlaps the copy; tokens before/after carry old/new versions and logprobs."""
-    engine = kit.engine()
+@pytest.mark.parametrize("decoder", ["slots", "legacy"])
+async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any, decoder: str) -> None:
+    """No forward overlaps the copy; tokens before/after carry old/new versions and logprobs.
+
+    A forward pass runs from the input embedding to the output head (the slots decoder's
+    steps do not go through ``model.forward``)."""
+    engine = kit.engine(decoder=decoder)
     forwards: list[tuple[float, float]] = []
     started = threading.Event()
     submitted = threading.Event()
@@ -106,8 +110,8 @@ async def test_update_waits_for_step_boundary_of_inflight_request(kit: Any) -> N
         return original_state_dict(*args, **kwargs)
 
     engine.model.state_dict = recording_state_dict  # type: ignore[method-assign]
-    engine.model.register_forward_pre_hook(pre, with_kwargs=True)
-    engine.model.register_forward_hook(post, with_kwargs=True)
+    engine.model.get_input_embeddings().register_forward_pre_hook(pre, with_kwargs=True)
+    engine.model.get_output_embeddings().register_forward_hook(post, with_kwargs=True)
     try:
         gconfig = GenerationHyperparameters(max_new_tokens=40, temperature=1.0)
         req = kit.vision_request(gconfig, seed=8)
