@@ -37,6 +37,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-warm-start", action="store_true", help="skip the supervised warm start"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="cluster configs: run the same AReaL PPOTrainer path on this machine with local "
+        "stand-ins (simulator gym, tiny or --model model, stand-in inference server); "
+        "prints what it changes; default 2 steps",
+    )
+    parser.add_argument("--dtype", help="--rehearse: the stand-in server's dtype")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_args(argv)
 
@@ -66,6 +74,8 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.rehearse:
+        return _rehearse(args)
     try:
         loaded = build_config(args)
     except ConfigError as e:
@@ -91,6 +101,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = asyncio.run(with_cpu_pool(trainer.run()))
     print_report(report)
     return 0
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    """``--rehearse``: checks first (one line, exit 2), then the rehearsal."""
+    import os
+    from pathlib import Path
+
+    from cua_native.training.rehearsal import rehearse
+
+    if not args.config:
+        print("config error: --rehearse needs --config CONFIG (a cua.mode: areal config)",
+              file=sys.stderr)
+        return 2
+    device = args.device or "cpu"
+    steps = args.steps if args.steps is not None else 2
+    run_dir = Path(args.run_dir or f"runs/rehearsal-{Path(args.config).stem}")
+    if device == "cpu":
+        # AReaL torch.compiles helpers; on CPU compiling costs more than it saves (workers
+        # inherit the environment)
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    try:
+        loaded = load_config(args.config, list(args.overrides))
+        if loaded.cua.mode != "areal":
+            raise ConfigError("config error: cua.mode: --rehearse rehearses cluster configs "
+                              f"(cua.mode: areal), got {loaded.cua.mode!r}")
+        return rehearse(args.config, list(args.overrides), steps=steps, run_dir=run_dir,
+                        model=args.model, device=device, dtype=args.dtype)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

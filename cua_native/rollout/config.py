@@ -43,6 +43,9 @@ class GymConfig(BaseModel):
     base_url: str | None = None
     gym_id: str = "sim"
     seed: int = 0
+    allowed_media_domains: list[str] = Field(default_factory=list)
+    """Hosts screenshot URLs may come from (presigned object-store links); the one allow-list
+    of a run: the gym client, the prompt builder's HTTP client and vLLM all get it."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the gym client constructor (timeouts, allow-lists)."""
 

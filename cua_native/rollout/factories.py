@@ -65,7 +65,10 @@ def make_gym(config: GymConfig) -> Gym:
         raise ValueError("gym.kind 'http' needs gym.base_url")
     from cua_native.gym.http import HttpGym
 
-    return HttpGym(config.base_url, config.gym_id, **config.options)
+    options = dict(config.options)
+    if config.allowed_media_domains:
+        options.setdefault("allowed_media_domains", tuple(config.allowed_media_domains))
+    return HttpGym(config.base_url, config.gym_id, **options)
 
 
 def load_processor(model_path: str | Path) -> Any:

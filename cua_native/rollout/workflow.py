@@ -155,6 +155,16 @@ class CUAAgentWorkflow(RolloutWorkflow):
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
         return samples
 
+    def _step_of(self, version: int) -> int | None:
+        """Training rollouts belong to the step whose weights made them (version N = after N
+        updates = step N); AReaL evaluates step N after its update (version N + 1); the
+        baseline belongs to no step."""
+        if self.source == "step":
+            return version
+        if self.source == "eval":
+            return max(version - 1, 0)
+        return None
+
     async def run_group(
         self, engine: Engine, task: Task, resources: _Resources, data: dict[str, Any]
     ) -> list[EpisodeRun] | None:
@@ -174,7 +184,9 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     group_id=group_id,
                     attempt=attempt,
                     source=self.source,
-                    step=data.get("global_step"),
+                    # AReaL's rows carry no step: the step whose weights generate this
+                    # episode is the engine's version (step N's update sets version N + 1)
+                    step=data.get("global_step", self._step_of(version)),
                     model_version=version,
                     meta={"index_in_group": index},
                 )

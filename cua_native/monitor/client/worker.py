@@ -26,6 +26,10 @@ def observer_from_env() -> EpisodeObserver:
     from cua_native.monitor.client.recorder import recorder_from_config
 
     run_dir = Path(os.environ.get("CUA_RUN_DIR", "runs/worker")) / f"worker-{os.getpid()}"
-    recorder = recorder_from_config(db, url, os.environ.get("CUA_MONITOR_TOKEN"), run_dir)
+    # the run's name links this worker's episodes to the trainer's training row and steps
+    recorder = recorder_from_config(
+        db, url, os.environ.get("CUA_MONITOR_TOKEN"), run_dir,
+        run_name=os.environ.get("CUA_RUN_NAME") or None,
+    )
     recorder.start_in_thread()
     return recorder
