@@ -139,6 +139,7 @@ class InProcessEngine(InferenceEngine):
         self._version = 0
         self._gen_paused = False
         self._admission_paused = False
+        self._abort_running = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -210,6 +211,16 @@ class InProcessEngine(InferenceEngine):
     def initialized(self) -> bool:
         return self._thread is not None and not self._stopping
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What killed the worker thread, if it died (requests then fail with it)."""
+        return self._failure
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Ids that end generation unless ``gconfig.ignore_eos`` (model and tokenizer EOS)."""
+        return self._eos_ids
+
     def destroy(self) -> None:
         """Stop the worker; queued and running requests end with ``stop_reason="abort"``."""
         with self._cond:
@@ -246,6 +257,21 @@ class InProcessEngine(InferenceEngine):
         with self._cond:
             self._gen_paused = False
             self._cond.notify_all()
+
+    def abort_requests(self) -> None:
+        """End every queued and running request with ``stop_reason="abort"``; non-blocking.
+
+        Queued requests end at once with no tokens; running ones at the next step boundary with
+        the tokens, logprobs and versions generated so far (SGLang's and vLLM's abort on
+        pause). Requests submitted afterwards are not affected: call ``pause_generation``
+        first to hold new work while aborting.
+        """
+        with self._cond:
+            queued = list(self._pending)
+            self._pending.clear()
+            self._abort_running = True
+            self._cond.notify_all()
+        self._finish(queued, "abort")
 
     def pause(self) -> None:
         """Stop starting new requests; running ones finish. Queued ones wait for ``resume``."""
@@ -415,6 +441,10 @@ class InProcessEngine(InferenceEngine):
                     return None, [], True
                 if self._ops:
                     return self._ops.popleft(), [], False
+                if self._abort_running and not active:
+                    self._abort_running = False  # nothing was running: nothing to abort
+                if active and self._abort_running:
+                    return None, [], False
                 if active and any(j.cancelled for j in active):
                     return None, [], False
                 if active and self._gen_paused and self.config.abort_on_pause:
@@ -446,7 +476,7 @@ class InProcessEngine(InferenceEngine):
                         continue
                     if new_jobs:
                         active, needs_prefill = new_jobs, True
-                    if self._gen_paused and self.config.abort_on_pause:
+                    if self._take_abort() or (self._gen_paused and self.config.abort_on_pause):
                         self._finish(active, "abort")
                         active = []
                         decoder.reset()
@@ -477,6 +507,11 @@ class InProcessEngine(InferenceEngine):
             self._finish(pending, "abort")
             for op in ops:  # nothing runs on the model any more: apply them inline
                 self._run_op(op)
+
+    def _take_abort(self) -> bool:
+        with self._cond:
+            requested, self._abort_running = self._abort_running, False
+            return requested
 
     def _advance(
         self, decoder: BatchDecoder, active: list[_Job], needs_prefill: bool
