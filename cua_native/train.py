@@ -121,6 +121,10 @@ def _rehearse(args: argparse.Namespace) -> int:
         # AReaL torch.compiles helpers; on CPU compiling costs more than it saves (workers
         # inherit the environment)
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        # AReaL gives each worker 8 BLAS threads unless the environment says otherwise
+        cores = str(max(1, len(os.sched_getaffinity(0))))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(var, cores)
     try:
         loaded = load_config(args.config, list(args.overrides))
         if loaded.cua.mode != "areal":

@@ -27,6 +27,7 @@ from cua_native.prompts import HistoryStep, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
 from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.cpu_pool import WORK_RANK
+from cua_native.rollout.pause_clock import clock_timeout
 from cua_native.rollout.records import (
     EpisodeContext,
     EpisodeObserver,
@@ -453,7 +454,8 @@ async def _generate(
     """``engine.agenerate`` under the turn limit: the episode budget running out is the agent's
     time limit; any other timeout, error or abort is an engine failure."""
     try:
-        async with asyncio.timeout(limit):
+        # on the episode's clock: time the trainer holds the rollout paused does not count
+        async with clock_timeout(limit, clock):
             response = await engine.agenerate(request)
     except TimeoutError as error:
         if expired(deadline, clock):
@@ -479,9 +481,11 @@ async def run_with_retry(
     make_context: Callable[[int], EpisodeContext],
     observer: EpisodeObserver,
     on_reject: Callable[[EpisodeRun], None] = lambda run: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> EpisodeRun:
     """Run an episode; an infrastructure rejection is retried on a fresh execution up to
-    ``config.infra_retries`` times. Returns the last run (``rejected`` if every attempt was)."""
+    ``config.infra_retries`` times. Returns the last run (``rejected`` if every attempt was).
+    ``clock``: the episode's time (``PauseClock`` excludes the trainer's pauses)."""
     attempt = 0
     while True:
         run = await run_episode(
@@ -491,6 +495,7 @@ async def run_with_retry(
             kit=kit,
             context=make_context(attempt),
             observer=observer,
+            clock=clock,
         )
         if not run.rejected:
             return run

@@ -71,6 +71,24 @@ def make_gym(config: GymConfig) -> Gym:
     return HttpGym(config.base_url, config.gym_id, **options)
 
 
+def model_dtype(model_path: str | Path) -> Any:
+    """The dtype the model's ``config.json`` declares (``dtype`` or ``torch_dtype``), as a
+    ``torch.dtype``; ``None`` when it declares none."""
+    import json
+
+    import torch
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("dtype") or config.get("torch_dtype") or (
+        config.get("text_config") or {}
+    ).get("dtype")
+    value = getattr(torch, str(text), None) if text else None
+    return value if isinstance(value, torch.dtype) else None
+
+
 def load_processor(model_path: str | Path) -> Any:
     """The model's HF processor (blocking: call it in a thread)."""
     from transformers import AutoProcessor

@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from areal import workflow_context
 from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import stats_tracker
@@ -33,8 +35,16 @@ from cua_native.actions.errors import ERROR_KINDS
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.episode import Engine, EpisodeRun, Turnkit, run_with_retry
-from cua_native.rollout.factories import load_processor, make_gym, make_kit, resolve_model_path
+from cua_native.rollout.factories import (
+    load_processor,
+    make_gym,
+    make_kit,
+    model_dtype,
+    resolve_model_path,
+)
+from cua_native.rollout.pause_clock import PauseClock, engine_pause_probe
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.shared import PROCESS_RESOURCES
 from cua_native.rollout.trajectory import VisionTokens, group_samples
 
 logger = logging.getLogger(__name__)
@@ -65,6 +75,38 @@ class _Resources:
     kit: Turnkit
     tokens: VisionTokens
     observer: EpisodeObserver
+    pixel_dtype: torch.dtype | None = None
+    """The model's dtype: training rows carry pixels in it (half of float32 for bf16)."""
+    owns_observer: bool = False
+    clocks: dict[int, PauseClock] = field(default_factory=dict)
+
+    def clock_for(self, engine: Any) -> Callable[[], float]:
+        """The episodes' clock for ``engine``: it stands still while the trainer holds the
+        engine's rollout paused (``PauseClock``); plain monotonic time for engines never paused."""
+        probe = engine_pause_probe(engine)
+        if probe is None:
+            return time.monotonic
+        clock = self.clocks.get(id(engine))
+        if clock is None:
+            clock = self.clocks[id(engine)] = PauseClock(probe)
+        clock.start()
+        return clock
+
+    async def aclose(self) -> None:
+        """Stop the clocks, close the gym client and the recorder this set created."""
+        for clock in self.clocks.values():
+            await clock.aclose()
+        self.clocks.clear()
+        if self.owns_gym:
+            await self.gym.aclose()
+        if self.owns_observer:
+            await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """What can be closed without the event loop: the recorder's thread."""
+        close = getattr(self.observer, "close_in_thread", None)
+        if self.owns_observer and callable(close):
+            close()
 
 
 class CUAAgentWorkflow(RolloutWorkflow):
@@ -94,6 +136,11 @@ class CUAAgentWorkflow(RolloutWorkflow):
         self._setup: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Resources]] | None = None
 
     async def _resources(self) -> _Resources:
+        if self._given_gym is None and self._given_processor is None and self._given_observer is None:
+            # built from serializable kwargs (AReaL's workers): one set per process and loop
+            key = (self.config.model_dump_json(), self.observer_factory)
+            loop = asyncio.get_running_loop()
+            return await PROCESS_RESOURCES.get(key, lambda: self._create_resources(loop))
         loop = asyncio.get_running_loop()
         if self._setup is None or self._setup[0] is not loop:
             self._setup = (loop, loop.create_task(self._create_resources(loop)))
@@ -107,8 +154,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
 
     async def _create_resources(self, loop: asyncio.AbstractEventLoop) -> _Resources:
         processor = self._given_processor
+        model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
         if processor is None:
-            model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
             processor = await asyncio.to_thread(load_processor, model_path)
         kit = make_kit(self.config, processor)
         observer = self._given_observer
@@ -122,6 +169,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
             kit=kit,
             tokens=VisionTokens.from_tokenizer(kit.tokenizer),
             observer=observer or NullObserver(),
+            pixel_dtype=model_dtype(model_path),
+            owns_observer=self._given_observer is None and observer is not None,
         )
 
     async def aclose(self) -> None:
@@ -129,8 +178,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
         setup, self._setup = self._setup, None
         if setup is None or setup[0] is not asyncio.get_running_loop() or not setup[1].done():
             return
-        if setup[1].exception() is None and setup[1].result().owns_gym:
-            await setup[1].result().gym.aclose()
+        if setup[1].exception() is None:
+            await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
         resources = await self._resources()
@@ -150,6 +199,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             gamma=config.turn_discount,
             normalize=config.group_reward_norm,
             eps=config.reward_norm_eps,
+            pixel_dtype=resources.pixel_dtype,
         )
         if samples is None:
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
@@ -203,6 +253,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     make_context=context_factory(index),
                     observer=resources.observer,
                     on_reject=on_reject,
+                    clock=resources.clock_for(engine),
                 )
             ): index
             for index in range(self.config.group_size)

@@ -69,6 +69,26 @@ class _CommitTap:
         return getattr(self._inner, name)
 
 
+FORK_READY_TIMEOUT_S = 600.0
+"""AReaL's local scheduler gives a forked worker (the eval rollout, colocated with the rollout)
+60 s to import torch and AReaL and answer; a loaded laptop or CI machine needs longer."""
+
+
+def _patient_local_scheduler(config: Any) -> Any:
+    from areal.infra import LocalScheduler
+
+    class PatientLocalScheduler(LocalScheduler):
+        @staticmethod
+        async def _wait_for_fork_ready(
+            session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
+        ) -> bool:
+            return await LocalScheduler._wait_for_fork_ready(
+                session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)
+            )
+
+    return PatientLocalScheduler(exp_config=config, startup_timeout=FORK_READY_TIMEOUT_S)
+
+
 class CUAPPOTrainer(PPOTrainer):
     def __init__(
         self,
@@ -90,6 +110,11 @@ class CUAPPOTrainer(PPOTrainer):
         self.stats_logger = _CommitTap(self.stats_logger, self._on_step_stats)
 
     # --- engines ---------------------------------------------------------------------------
+
+    def _init_scheduler(self) -> Any:
+        if self.config.scheduler.type == "local":
+            return _patient_local_scheduler(self.config)
+        return super()._init_scheduler()
 
     def _create_train_engine(self, actor_config: Any, alloc: Any) -> Any:
         if alloc.backend != "fsdp":

@@ -109,7 +109,8 @@ def check_cluster_config(loaded: LoadedConfig) -> None:
             "and that many pixel rows in each training row",
         )
     gym_domains = list(cua.agent.gym.allowed_media_domains)
-    if backend == "vllm" and list(areal.vllm.allowed_media_domains) != gym_domains:
+    vllm_domains = list(areal.vllm.allowed_media_domains)
+    if backend == "vllm" and vllm_domains and vllm_domains != gym_domains:
         _fail(
             "vllm.allowed_media_domains",
             f"must equal cua.agent.gym.allowed_media_domains ({gym_domains}); leave it unset "

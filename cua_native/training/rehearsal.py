@@ -21,6 +21,7 @@ kwargs, the weight-update mode on GPU.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import subprocess
@@ -59,7 +60,7 @@ def free_port() -> int:
 
 def plan_rehearsal(
     loaded: LoadedConfig, *, steps: int, run_dir: Path, model: Path, device: str,
-    gym_url: str, processor_budget: int,
+    gym_url: str, processor_budget: int, gpus: int = 0, flash_attn: bool = False,
 ) -> Rehearsal:
     """The overrides that turn a cluster config into a rehearsal on this machine."""
     areal, cua = loaded.areal, loaded.cua
@@ -84,6 +85,12 @@ def plan_rehearsal(
         if areal.actor.attn_impl != "sdpa":
             r.set("actor.attn_impl", "sdpa", "flash attention needs a GPU; one sequence per micro-batch")
         r.set("actor.dtype", "float32", "CPU")
+    else:
+        if areal.actor.weight_update_mode == "xccl" and gpus < 2:
+            r.set("actor.weight_update_mode", "disk",
+                  "one GPU holds both the server and the actor; NCCL needs two devices")
+        if areal.actor.attn_impl.startswith("flash_attention") and not flash_attn:
+            r.set("actor.attn_impl", "sdpa", "flash-attn is not installed; one sequence per micro-batch")
     for key, value in (
         ("total_train_steps", steps), ("total_train_epochs", 1),
         ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
@@ -129,8 +136,10 @@ def _watch_ready(process: subprocess.Popen[str], marker: str, name: str, log: Pa
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], marker: str, name: str, log: Path) -> Iterator[None]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _process(
+    cmd: list[str], marker: str, name: str, log: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[None]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -165,14 +174,31 @@ def rehearse(
     check_cluster_config(loaded)  # the config as it would run on the cluster
     model_dir = Path(model) if model else tiny_model_dir()
     budget = pixel_budget(load_processor(model_dir))[1]
+    gpus, server_env = 0, {}
+    if device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus >= 2:  # the server on the last GPU, the actor on the first
+            server_env = {"CUDA_VISIBLE_DEVICES": str(gpus - 1)}
+            os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    flash_attn = importlib.util.find_spec("flash_attn") is not None
     gym_port, server_port = free_port(), free_port()
     gym_url = f"http://127.0.0.1:{gym_port}"
     plan = plan_rehearsal(
         loaded, steps=steps, run_dir=run_dir, model=model_dir.resolve(), device=device,
-        gym_url=gym_url, processor_budget=budget,
+        gym_url=gym_url, processor_budget=budget, gpus=gpus, flash_attn=flash_attn,
     )
-    rehearsed = load_config(config_path, [*overrides, *plan.overrides])
+    rehearsed = load_config(config_path, [*plan.overrides, *overrides])
     check_cluster_config(rehearsed)
+    # the stand-in server is started here, not by AReaL: the rollout workers are clients only
+    for spec in rehearsed.areal.rollout.scheduling_spec:
+        spec.gpu = 0
+    actor_gpus = 1 if device != "cpu" else 0
+    for spec in rehearsed.areal.actor.scheduling_spec:
+        spec.gpu = actor_gpus
+    plan.reasons.append(f"  actor.scheduling_spec[*].gpu = {actor_gpus}, "
+                        "rollout.scheduling_spec[*].gpu = 0  (the rollout workers only attach)")
     backend = rehearsed.areal.rollout.backend.split(":", 1)[0]
     print(f"rehearsal of {config_path} on {device} ({backend}); changed:")
     print("\n".join(plan.reasons))
@@ -180,8 +206,9 @@ def rehearse(
           + ("" if device == "cpu" else ", weight-update mode"))
     gym_cmd = [
         sys.executable, "-m", "cua_native.gym.server", "--host", "127.0.0.1",
-        "--port", str(gym_port), "--gym-id", rehearsed.cua.agent.gym.gym_id,
-        "--screenshot-size", SIM_SCREENSHOT, "--log-level", "info",
+        "--port", str(gym_port), "--gym-id", rehearsed.cua.agent.gym.gym_id, "--log-level", "info",
+        # on CPU small screenshots; on GPU the phone's own 1080x2400 at the real pixel budget
+        *(["--screenshot-size", SIM_SCREENSHOT] if device == "cpu" else []),
     ]
     serve_cmd = [
         sys.executable, "-m", "cua_native.engine.serve", "--backend", backend,
@@ -191,7 +218,8 @@ def rehearse(
     logs = run_dir / "logs"
     with (
         _process(gym_cmd, "Uvicorn running", "gym server", logs / "gym.log"),
-        _process(serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log"),
+        _process(serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log",
+                 server_env),
     ):
         run_cluster(rehearsed, attach=[f"127.0.0.1:{server_port}"])
     print(f"rehearsal done: {steps} steps; monitor lifecycle in {run_dir / 'monitor.db'}")

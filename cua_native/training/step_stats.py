@@ -18,6 +18,7 @@ STEP_COLUMNS: dict[str, tuple[str, ...]] = {
     "kl": ("ppo_actor/update/kl/avg", "ppo_actor/update/approx_kl/avg"),
     "reward_mean": ("rollout/cua/reward/avg", "rollout/cua/reward"),
     "n_seqs": ("ppo_actor/n_seqs", "ppo_actor/update/n_seqs"),
+    "num_tokens": ("ppo_actor/n_tokens", "ppo_actor/update/n_tokens"),
 }
 """Monitor column → AReaL names, first present wins (names differ by AReaL minor version)."""
 
