@@ -47,7 +47,7 @@ def build_model(target: Path, layers: int, vision_depth: int) -> None:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from gpu_check import real_size_model  # noqa: PLC0415 - bench sibling
+    from gpu_check import real_size_model
 
     from cua_native.rollout.factories import tiny_model_dir
 
@@ -161,6 +161,8 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if rc != 0:
         print((out / "rehearsal.log").read_text()[-8000:])
+        for log in sorted((run_dir / "areal" / "logs").rglob("*.log")):
+            shutil.copy(log, out / f"areal-{log.name}")
     return rc
 
 

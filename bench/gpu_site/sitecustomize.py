@@ -9,7 +9,7 @@ import importlib.util
 import sys
 import types
 
-STUB = {"ray", "boto3", "botocore", "av", "opentelemetry", "redis", "hiredis",
+STUB = {"ray", "boto3", "botocore", "av", "redis", "hiredis",
         "wandb", "swanlab", "trackio", "tensorboardX", "s3transfer"}
 
 

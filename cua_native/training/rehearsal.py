@@ -45,8 +45,12 @@ class Rehearsal:
 
     overrides: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    user_keys: frozenset[str] = frozenset()
+    """Fields the user overrode on the command line: theirs win, rehearsal leaves them."""
 
     def set(self, key: str, value: object, why: str) -> None:
+        if key in self.user_keys:
+            return
         shown = "null" if value is None else value
         self.overrides.append(f"{key}={shown}")
         self.reasons.append(f"  {key} = {shown}  ({why})")
@@ -61,11 +65,12 @@ def free_port() -> int:
 def plan_rehearsal(
     loaded: LoadedConfig, *, steps: int, run_dir: Path, model: Path, device: str,
     gym_url: str, processor_budget: int, gpus: int = 0, flash_attn: bool = False,
+    user_keys: frozenset[str] = frozenset(),
 ) -> Rehearsal:
     """The overrides that turn a cluster config into a rehearsal on this machine."""
     areal, cua = loaded.areal, loaded.cua
     backend = areal.rollout.backend.split(":", 1)[0]
-    r = Rehearsal()
+    r = Rehearsal(user_keys=user_keys)
     r.set("cua.run_dir", run_dir, "--run-dir")
     r.set("cua.monitor_db", "sqlite", "the lifecycle goes to RUN_DIR/monitor.db")
     r.set("cua.monitor_url", None, "no remote monitor in a rehearsal")
@@ -92,7 +97,8 @@ def plan_rehearsal(
         if areal.actor.attn_impl.startswith("flash_attention") and not flash_attn:
             r.set("actor.attn_impl", "sdpa", "flash-attn is not installed; one sequence per micro-batch")
     for key, value in (
-        ("total_train_steps", steps), ("total_train_epochs", 1),
+        # one step per epoch at least: AReaL stops after epochs x (tasks / batch) steps
+        ("total_train_steps", steps), ("total_train_epochs", steps),
         ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
         ("actor.ppo_n_minibatches", 1), ("saver.freq_steps", steps),
         ("evaluator.freq_steps", 1 if cua.eval_tasks is not None else None),
@@ -130,7 +136,11 @@ def _watch_ready(process: subprocess.Popen[str], marker: str, name: str, log: Pa
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not ready.wait(1.0):
         if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode} before it was ready; see {log}")
+            time.sleep(0.5)  # let the pump write the last lines
+            tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+            raise RuntimeError(
+                f"{name} exited with {process.returncode} before it was ready; {log}:\n{tail}"
+            )
         if time.monotonic() > deadline:
             raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S:.0f} s; see {log}")
 
@@ -188,6 +198,7 @@ def rehearse(
     plan = plan_rehearsal(
         loaded, steps=steps, run_dir=run_dir, model=model_dir.resolve(), device=device,
         gym_url=gym_url, processor_budget=budget, gpus=gpus, flash_attn=flash_attn,
+        user_keys=frozenset(o.split("=", 1)[0] for o in overrides),
     )
     rehearsed = load_config(config_path, [*plan.overrides, *overrides])
     check_cluster_config(rehearsed)
