@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -301,6 +302,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise UsageError("--concurrency must be >= 1")
     if args.gym_id and not args.gym_url and not args.config:
         raise UsageError("--gym-id needs --gym-url")
+    if args.monitor:
+        from cua_native.monitor.client.sinks import check_monitor_url
+
+        try:
+            check_monitor_url(args.monitor)
+        except ValueError as error:
+            raise UsageError(f"--monitor: {error}") from None
     return args
 
 
@@ -311,71 +319,77 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
     gym = CountingGym(make_gym(_with_seed(config.gym, args.seed)))
     observer: EpisodeObserver = NullObserver()
-    recorder = None
+    monitor = None
     engine = None
-    try:
-        tasks = select_tasks(await gym.list_tasks(), args.tasks)
-        processor = await asyncio.to_thread(load_processor, model_path)
-        engine = await load_engine(model_path, seed=args.seed or 0)
-        freeze_startup_heap()
-        if args.monitor or args.db:
-            from cua_native.monitor.client.recorder import recorder_from_config
-
-            token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
-            recorder = await asyncio.to_thread(
-                recorder_from_config,
-                args.db,
-                args.monitor,
-                token,
-                run_dir,
-                model_path=str(model_path),
+    async with contextlib.AsyncExitStack() as lifecycle:
+        try:
+            tasks = select_tasks(await gym.list_tasks(), args.tasks)
+            processor = await asyncio.to_thread(load_processor, model_path)
+            engine = await load_engine(model_path, seed=args.seed or 0)
+            freeze_startup_heap()
+            if args.monitor or args.db:
+                monitor = await lifecycle.enter_async_context(
+                    await _training_monitor(args, config, run_dir, model_path)
+                )
+                monitor.tasks(tasks)
+                monitor.baseline_started(str(model_path), total_tasks=args.episodes)
+                observer = monitor.recorder
+            results = await evaluate(
+                config,
+                tasks,
+                gym=gym,
+                engine=engine,
+                processor=processor,
+                episodes=args.episodes,
+                concurrency=args.concurrency,
+                observer=observer,
+                progress=not args.no_progress,
             )
-            await recorder.start()
-            recorder.training_started(
-                model_name=str(model_path),
-                config={"evaluate": config.model_dump(mode="json")},
-                total_steps=0,
-                log_path=str(run_dir),
-            )
-            recorder.tasks_registered(tasks)
-            recorder.baseline_started(str(model_path), total_tasks=args.episodes)
-            observer = recorder
-        results = await evaluate(
-            config,
-            tasks,
-            gym=gym,
-            engine=engine,
-            processor=processor,
-            episodes=args.episodes,
-            concurrency=args.concurrency,
-            observer=observer,
-            progress=not args.no_progress,
-        )
-        if recorder is not None:
-            done = Summary()
-            for _, run in results:
-                done.add(run)
-            recorder.baseline_finished(
-                success_rate=done.successes / done.completed if done.completed else 0.0,
-                avg_reward=done.mean(done.reward),
-                avg_turns=done.mean(done.turns),
-                successful_tasks=done.successes,
-                completed_tasks=done.completed,
-            )
-            recorder.training_finished("completed")
-    except BaseException as error:
-        if recorder is not None:
-            recorder.training_failed(error)
-        raise
-    finally:
-        if recorder is not None:
-            await recorder.aclose()
-        if engine is not None:
-            await asyncio.to_thread(engine.destroy)
-        await gym.aclose()
+            if monitor is not None:
+                done = Summary()
+                for _, run in results:
+                    done.add(run)
+                monitor.baseline_finished(
+                    success_rate=done.successes / done.completed if done.completed else 0.0,
+                    avg_reward=done.mean(done.reward),
+                    avg_turns=done.mean(done.turns),
+                    successful_tasks=done.successes,
+                    completed_tasks=done.completed,
+                )
+        finally:
+            if engine is not None:
+                await asyncio.to_thread(engine.destroy)
+            await gym.aclose()
     table, total = render_table(results)
     print(table)
     return summary_json(total, gym.leaked)
+
+
+async def _training_monitor(
+    args: argparse.Namespace, config: AgentConfig, run_dir: Path, model_path: Path
+) -> Any:
+    """The lifecycle of this evaluation: its own training record (a fresh run name, so two
+    evaluations in one run directory never merge) holding one baseline."""
+    from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
+    from cua_native.monitor.client.recorder import recorder_from_config
+
+    token = args.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
+    recorder = await asyncio.to_thread(
+        recorder_from_config,
+        args.db,
+        args.monitor,
+        token,
+        run_dir,
+        model_path=str(model_path),
+        run_name=new_run_name(f"evaluate_{run_dir.name or 'run'}"),
+    )
+    return TrainingMonitor(
+        recorder,
+        model_name=str(model_path),
+        config={"evaluate": config.model_dump(mode="json")},
+        total_steps=0,
+        log_path=str(run_dir),
+    )
 
 
 def _with_seed(gym: GymConfig, seed: int | None) -> GymConfig:
@@ -393,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, asyncio.CancelledError) as error:
+        print(f"evaluate: stopped ({error or 'interrupted'})", file=sys.stderr)
+        return 143 if "SIGTERM" in str(error) else 130
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0 if summary["leaked_executions"] == 0 else 1

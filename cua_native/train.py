@@ -78,6 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rehearse(args)
     try:
         loaded = build_config(args)
+        if loaded.cua.monitor_url:
+            from cua_native.monitor.client.sinks import check_monitor_url
+
+            try:
+                check_monitor_url(loaded.cua.monitor_url)
+            except ValueError as error:
+                raise ConfigError(f"config error: cua.monitor_url: {error}") from None
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -98,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tune_for_rollouts()
     trainer = EmbeddedTrainer(loaded, progress=not args.no_progress)
-    report = asyncio.run(with_cpu_pool(trainer.run()))
+    try:
+        report = asyncio.run(with_cpu_pool(trainer.run()))
+    except (KeyboardInterrupt, asyncio.CancelledError) as error:
+        print(f"train: stopped ({error or 'interrupted'}); recorded as cancelled", file=sys.stderr)
+        return 143 if "SIGTERM" in str(error) else 130
     print_report(report)
     return 0
 

@@ -1,4 +1,5 @@
-"""``python -m cua_native.monitor serve|migrate``: the dashboard server and schema migrations."""
+"""``python -m cua_native.monitor serve|migrate|drain``: the dashboard server, schema migrations,
+and delivery of what a run left undelivered."""
 
 from __future__ import annotations
 
@@ -28,18 +29,31 @@ def _parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser(
         "migrate", help="bring the database schema to the newest revision"
     )
+    drain = commands.add_parser(
+        "drain", help="deliver the records a run left undelivered (its monitor_spill)"
+    )
+    drain.add_argument("run_dir", help="the run directory (its workers' directories included)")
+    drain.add_argument("--token", help="bearer token for a Training Monitor (or CUA_MONITOR_TOKEN)")
+    drain.add_argument("--db", help="database URL, when the spill's has a password")
     for sub in (serve, migrate):
         sub.add_argument("--db", help="SQLAlchemy URL (default: SQLite monitor.db in --run-dir)")
         sub.add_argument("--run-dir", help="run directory holding screenshots/ (default: the DB's)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--token", help="access token for pages; required for ingest")
+    serve.add_argument(
+        "--max-body-mb", type=float, default=64.0, help="largest ingest body accepted (MiB)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command == "drain":
+        from cua_native.monitor.client.drain import run
+
+        return run(args.run_dir, args.token, args.db)
     if args.db is None and args.run_dir is None:
         print("give --db URL or --run-dir DIR", file=sys.stderr)
         return 2
@@ -50,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         import uvicorn
 
-        from cua_native.monitor.service.dashboard.app import create_app
+        from cua_native.monitor.service.dashboard.app import AccessLogRedactor, create_app
 
         if args.host not in ("127.0.0.1", "localhost", "::1") and args.token is None:
             LOG.warning(
                 "serving on %s without --token: anyone who can reach it can read it", args.host
             )
-        uvicorn.run(create_app(store, token=args.token), host=args.host, port=args.port)
+        logging.getLogger("uvicorn.access").addFilter(AccessLogRedactor())
+        app = create_app(store, token=args.token, max_body_bytes=int(args.max_body_mb * 2**20))
+        uvicorn.run(app, host=args.host, port=args.port)
         return 0
     finally:
         store.close()

@@ -40,6 +40,7 @@ Unknown keys are rejected (``extra="forbid"``) so that a typo is an error, not l
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, Literal
 
@@ -52,17 +53,54 @@ JsonValue = Any
 ClientId = str
 
 
-class _Record(BaseModel):
+INT_LIMIT = 2**63 - 1
+
+
+def clean_value(value: Any, where: str = "value") -> Any:
+    """A JSON value made safe for both backends: NUL characters (PostgreSQL text cannot hold
+    them) become U+FFFD; NaN/infinite numbers and integers beyond 64 bits raise ``ValueError``
+    (a deterministic rejection, HTTP 422)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not a finite number")
+        return value
+    if isinstance(value, int):
+        if not -INT_LIMIT - 1 <= value <= INT_LIMIT:
+            raise ValueError(f"{where}: integer {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, dict):
+        return {
+            clean_value(k, where) if isinstance(k, str) else k: clean_value(v, f"{where}.{k}")
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [clean_value(item, where) for item in value]
+    return value
+
+
+class _Clean(BaseModel):
+    @model_validator(mode="before")
+    @classmethod
+    def _clean(cls, data: Any) -> Any:
+        return clean_value(data, cls.__name__) if isinstance(data, dict) else data
+
+
+class _Record(_Clean):
     model_config = ConfigDict(extra="forbid")
 
     client_id: ClientId = Field(min_length=1)
+    created_at: datetime | None = None
 
     def given(self) -> dict[str, Any]:
         """The keys the sender set (an upsert writes only these)."""
         return self.model_dump(exclude_unset=True)
 
 
-class TrainingIn(BaseModel):
+class TrainingIn(_Clean):
     model_config = ConfigDict(extra="forbid")
 
     client_id: ClientId | None = Field(default=None, min_length=1)
@@ -97,6 +135,13 @@ class TrainingIn(BaseModel):
     end_time: datetime | None = None
     last_heartbeat: datetime | None = None
     config_json: JsonValue = None
+    experiment_name: str | None = None
+    trial_name: str | None = None
+    avg_turn_time: float | None = None
+    estimated_total_time: float | None = None
+    estimated_remaining_time: float | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
 
     @model_validator(mode="after")
     def _identified(self) -> TrainingIn:
@@ -123,6 +168,8 @@ class TaskIn(_Record):
     prerequisites: JsonValue = None
     app_name: str | None = None
     source_type: str | None = None
+    instruction: str | None = None
+    updated_at: datetime | None = None
 
 
 class ValidatorIn(_Record):
@@ -154,6 +201,10 @@ class _EvalLike(_Record):
     avg_turns: float | None = None
     successful_tasks: int | None = None
     metrics_json: JsonValue = None
+    avg_turn_time: float | None = None
+    estimated_total_time: float | None = None
+    estimated_remaining_time: float | None = None
+    updated_at: datetime | None = None
 
 
 class BaselineIn(_EvalLike):
@@ -197,6 +248,10 @@ class StepIn(_Record):
     num_trajectories: int | None = None
     num_tokens: int | None = None
     metrics_json: JsonValue = None
+    avg_turn_time: float | None = None
+    estimated_total_time: float | None = None
+    estimated_remaining_time: float | None = None
+    updated_at: datetime | None = None
 
 
 class RolloutIn(_Record):
@@ -211,10 +266,15 @@ class RolloutIn(_Record):
     task_id: int | None = None
     rollout_id: str | None = None
     """The rollout's string identifier (unique, e.g. the episode uuid), not a foreign key."""
+    env_client_id: ClientId | None = None
+    env_id: int | None = None
+    """The rollout's environment: the existing client posts the environment first and links
+    the rollout to it (the store also fills ``environment.rollout_id``)."""
     batch: int | None = None
     group: int | None = None
-    group_id: str | None = None
-    """The group's string identifier (``EpisodeContext.group_id``)."""
+    group_num: int | None = None
+    """The group number within the step (the existing client's key; stored in ``group``)."""
+    group_id: str | int | None = None
     env_index: int | None = None
     model_path: str | None = None
     is_eval: bool | None = None
@@ -253,6 +313,10 @@ class RolloutIn(_Record):
     errors: JsonValue = None
     summary_json: JsonValue = None
     trajectory_path: str | None = None
+    trajectory_data_json: JsonValue = None
+    gbox_run_id: str | None = None
+    gbox_base_url: str | None = None
+    updated_at: datetime | None = None
 
 
 class EnvironmentIn(_Record):
@@ -267,6 +331,7 @@ class EnvironmentIn(_Record):
     status_message: str | None = None
     error_message: str | None = None
     config_json: JsonValue = None
+    updated_at: datetime | None = None
 
 
 class TurnIn(_Record):
@@ -284,7 +349,13 @@ class TurnIn(_Record):
     thinking: str | None = None
     """The thought the dialect parsed out of the output."""
     parse_error: str | None = None
-    """``"<kind>: <message>"`` when the output could not be parsed."""
+    """``"<kind>: <message>"`` when the output could not be parsed (senders that speak only the
+    existing monitor's keys put it in ``metrics_json.parse_error``; the store copies it here)."""
+    text: str | None = None
+    screen_before: str | None = None
+    screen_after: str | None = None
+    action_json: JsonValue = None
+    model_specific_input_json: JsonValue = None
 
 
 class ActionIn(_Record):
@@ -297,6 +368,10 @@ class ActionIn(_Record):
     """Output token texts (JSON array of strings), aligned with ``logprobs``."""
     logprobs: JsonValue = None
     num_tokens: int | None = None
+    action_name: str | None = None
+    action_args: JsonValue = None
+    action_call_id: str | None = None
+    action_json: JsonValue = None
 
 
 class ObservationIn(_Record):
@@ -308,7 +383,8 @@ class ObservationIn(_Record):
     model_input_json: JsonValue = None
     width: int | None = None
     height: int | None = None
-    """Pixel size of the screenshot, when known (the dashboard sizes the overlay with it)."""
+    """Pixel size of the screenshot, when known (the dashboard sizes the overlay with it;
+    senders that speak only the existing monitor's keys put them in ``model_input_json``)."""
 
 
 class ValidationIn(_Record):
@@ -324,6 +400,26 @@ class ValidationIn(_Record):
     execution_time: float | None = None
     error_message: str | None = None
     details_json: JsonValue = None
+    screenshot_uri: str | None = None
+
+
+class _Anonymous(BaseModel):
+    """Kinds the existing client posts without ``client_id`` (it reads ``response[kind][0].id``):
+    without one, each record is a new row."""
+
+    client_id: ClientId | None = Field(default=None, min_length=1)
+
+
+class ActionRecord(_Anonymous, ActionIn):
+    pass
+
+
+class ObservationRecord(_Anonymous, ObservationIn):
+    pass
+
+
+class ValidationRecord(_Anonymous, ValidationIn):
+    pass
 
 
 class IngestBatch(BaseModel):
@@ -340,9 +436,9 @@ class IngestBatch(BaseModel):
     rollouts: list[RolloutIn] = Field(default_factory=list)
     environments: list[EnvironmentIn] = Field(default_factory=list)
     turns: list[TurnIn] = Field(default_factory=list)
-    actions: list[ActionIn] = Field(default_factory=list)
-    observations: list[ObservationIn] = Field(default_factory=list)
-    validations: list[ValidationIn] = Field(default_factory=list)
+    actions: list[ActionRecord] = Field(default_factory=list)
+    observations: list[ObservationRecord] = Field(default_factory=list)
+    validations: list[ValidationRecord] = Field(default_factory=list)
 
 
 ARRAY_KINDS: tuple[str, ...] = (
@@ -351,8 +447,8 @@ ARRAY_KINDS: tuple[str, ...] = (
     "baselines",
     "evals",
     "steps",
-    "rollouts",
     "environments",
+    "rollouts",
     "turns",
     "actions",
     "observations",
@@ -362,7 +458,7 @@ ARRAY_KINDS: tuple[str, ...] = (
 
 
 class IdMapping(BaseModel):
-    client_id: ClientId
+    client_id: ClientId | None = None
     id: int
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cua_native.config import ConfigError, LoadedConfig
+from cua_native.monitor.client.lifecycle import RUN_NAME_ENV
 from cua_native.training.checks import backend_name, check_cluster_config, check_pixel_budget
 
 WORKFLOW_PATH = "cua_native.workflow.CUAAgentWorkflow"
@@ -66,7 +67,7 @@ def worker_env(loaded: LoadedConfig) -> dict[str, str]:
     cua = loaded.cua
     env = {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}
     env["CUA_RUN_DIR"] = str(cua.run_dir.resolve())
-    env["CUA_RUN_NAME"] = run_name(loaded)
+    env[RUN_NAME_ENV] = run_name(loaded)
     if cua.monitor_url:
         env["CUA_MONITOR_URL"] = cua.monitor_url
     db = cua.monitor_db_url()

@@ -25,6 +25,7 @@ from typing import Any
 
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
+from cua_native.monitor.client.lifecycle import redact
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
 
@@ -142,6 +143,7 @@ class EmbeddedTrainer:
         from transformers import AutoModelForImageTextToText
 
         from cua_native.engine import InProcessEngine
+        from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
         from cua_native.monitor.client.recorder import recorder_from_config
         from cua_native.rollout.dataset import task_row
         from cua_native.rollout.factories import load_processor, make_gym
@@ -154,7 +156,7 @@ class EmbeddedTrainer:
             run_dir=self.run_dir, model_dir=self.run_dir, monitor_url=cua.monitor_db_url()
         )
         (self.run_dir / "config.json").write_text(
-            json.dumps({"cua": cua.model_dump(mode="json")}, indent=2)
+            json.dumps(redact({"cua": cua.model_dump(mode="json")}), indent=2)
         )
         model_dir = await asyncio.to_thread(self._prepare_model, report)
         report.model_dir = model_dir
@@ -182,27 +184,31 @@ class EmbeddedTrainer:
             cua.monitor_token,
             self.run_dir,
             model_path=str(model_dir),
+            run_name=new_run_name(f"{areal.experiment_name}_{areal.trial_name}"),
         )
-        await recorder.start()
+        monitor = TrainingMonitor(
+            recorder,
+            model_name=str(model_dir),
+            config={"cua": cua.model_dump(mode="json")},
+            log_path=str(self.run_dir),
+            experiment=areal.experiment_name,
+            trial=areal.trial_name,
+        )
         freeze_startup_heap()
         try:
-            report = await self._train(
-                report,
-                engine,
-                actor,
-                trainer_engine,
-                gym,
-                processor,
-                recorder,
-                workflow_cls=CUAAgentWorkflow,
-                task_row=functools.partial(task_row, gym_id=gym.gym_id),
-            )
-            recorder.training_finished("completed")
-        except BaseException as e:
-            recorder.training_failed(repr(e))
-            raise
+            async with monitor:
+                report = await self._train(
+                    report,
+                    engine,
+                    actor,
+                    trainer_engine,
+                    gym,
+                    processor,
+                    monitor,
+                    workflow_cls=CUAAgentWorkflow,
+                    task_row=functools.partial(task_row, gym_id=gym.gym_id),
+                )
         finally:
-            await recorder.aclose()
             await gym.aclose()
             await asyncio.to_thread(engine.destroy)
         return report
@@ -215,7 +221,7 @@ class EmbeddedTrainer:
         trainer_engine: Any,
         gym: Gym,
         processor: Any,
-        recorder: Any,
+        monitor: Any,
         *,
         workflow_cls: Any,
         task_row: Any,
@@ -227,13 +233,8 @@ class EmbeddedTrainer:
         total_steps = areal.total_train_steps or max(
             1, len(train_tasks) // areal.train_dataset.batch_size
         )
-        recorder.training_started(
-            model_name=str(report.model_dir),
-            config={"cua": cua.model_dump(mode="json")},
-            total_steps=total_steps,
-            log_path=str(self.run_dir),
-        )
-        recorder.tasks_registered(train_tasks + eval_tasks)
+        monitor.total_steps = total_steps
+        monitor.tasks(train_tasks + eval_tasks)
 
         def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
             return workflow_cls(
@@ -241,7 +242,7 @@ class EmbeddedTrainer:
                 source=source,
                 gym=gym,
                 processor=processor,
-                observer=FanoutObserver(recorder, *observers),
+                observer=FanoutObserver(monitor.recorder, *observers),
             )
 
         if cua.baseline and eval_tasks:
@@ -251,7 +252,7 @@ class EmbeddedTrainer:
                 engine,
                 eval_tasks,
                 0,
-                recorder,
+                monitor,
                 "baseline",
                 tally,
                 task_row,
@@ -266,7 +267,7 @@ class EmbeddedTrainer:
                 self.rng.shuffle(fresh)
                 order.extend(fresh)
             tasks, order = order[:batch_size], order[batch_size:]
-            recorder.step_started(step, total_steps=total_steps)
+            monitor.step_started(step)
             tally = EpisodeTally()
             flow = workflow("step", [tally])
             rows = [dict(task_row(t), global_step=step) for t in tasks]
@@ -282,8 +283,9 @@ class EmbeddedTrainer:
                 turns_mean=sum(tally.turns) / len(tally.turns) if tally.turns else 0.0,
                 samples=sum(int(b["input_ids"].shape[0]) for b in batch),
             )
+            stats: dict[str, float] = {}
             if batch:
-                recorder.step_training(step)
+                monitor.step_training(step)
                 stats = await asyncio.to_thread(_ppo_step, actor, batch)
                 summary.loss = _pick(stats, "actor_loss/avg")
                 summary.grad_norm = _pick(stats, "grad_norm")
@@ -294,17 +296,12 @@ class EmbeddedTrainer:
                 )
             summary.seconds = time.perf_counter() - started
             report.steps.append(summary)
-            recorder.step_finished(
+            monitor.step_finished(
                 step,
-                loss=summary.loss,
-                kl=None,
+                stats,
                 reward_mean=summary.reward_mean,
                 reward_std=summary.reward_std,
-                num_tokens=None,
                 num_trajectories=summary.episodes,
-                learning_rate=areal.actor.optimizer.lr,
-                grad_norm=summary.grad_norm,
-                checkpoint_path=None,
                 metrics={
                     "success_rate": summary.success_rate,
                     "rejected_groups": summary.rejected_groups,
@@ -323,7 +320,7 @@ class EmbeddedTrainer:
                     engine,
                     eval_tasks,
                     step,
-                    recorder,
+                    monitor,
                     "eval",
                     tally,
                     task_row,
@@ -337,7 +334,7 @@ class EmbeddedTrainer:
         engine: Any,
         tasks: list[Task],
         step: int,
-        recorder: Any,
+        monitor: Any,
         kind: str,
         tally: EpisodeTally,
         task_row: Any,
@@ -346,9 +343,9 @@ class EmbeddedTrainer:
         total = len(rows) * flow.config.group_size
         model = str(self.loaded.cua.agent.model_path or "embedded tiny Qwen3-VL")
         if kind == "baseline":
-            recorder.baseline_started(model, total_tasks=total)
+            monitor.baseline_started(model, total_tasks=total)
         else:
-            recorder.eval_started(step, model, total_tasks=total)
+            monitor.eval_started(step, model, total_tasks=total)
         results = await asyncio.gather(
             *(flow.arun_episode(engine, row) for row in rows), return_exceptions=True
         )
@@ -363,9 +360,9 @@ class EmbeddedTrainer:
             "completed_tasks": tally.completed,
         }
         if kind == "baseline":
-            recorder.baseline_finished(**outcome)
+            monitor.baseline_finished(**outcome)
         else:
-            recorder.eval_finished(step, **outcome)
+            monitor.eval_finished(step, **outcome)
         return tally.success_rate
 
     async def _save(self, trainer_engine: Any, processor: Any) -> Path:

@@ -8,6 +8,7 @@ when the row is sent, because each sink has its own ids.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,8 @@ class Row:
     """Reference name (``rollout``) → (parent kind, parent client id)."""
     screenshot: Screenshot | None = None
     """An image still to be turned into ``screenshot_uri`` by the background writer."""
+    seq: int = 0
+    """When it was recorded (``next_seq``): later upserts of a record win, wherever they sit."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -46,26 +49,53 @@ class Row:
             "client_id": self.client_id,
             "fields": self.fields,
             "parents": {name: list(ref) for name, ref in self.parents.items()},
+            "seq": self.seq,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Row:
         parents = {name: (str(ref[0]), str(ref[1])) for name, ref in data["parents"].items()}
-        return cls(str(data["kind"]), str(data["client_id"]), dict(data["fields"]), parents)
+        seq = data.get("seq", 0)
+        return cls(
+            str(data["kind"]),
+            str(data["client_id"]),
+            dict(data["fields"]),
+            parents,
+            seq=seq if isinstance(seq, int) else 0,
+        )
+
+
+class SeqClock:
+    """Increasing sequence numbers from the wall clock (so a later process's rows sort after an
+    earlier one's), never repeating within a process."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def __call__(self) -> int:
+        self._last = max(self._last + 1, time.time_ns())
+        return self._last
 
 
 def coalesce(rows: Iterable[Row]) -> list[Row]:
-    """Merge upserts of the same record, later fields winning, in first-seen order."""
+    """Merge upserts of the same record, the later (by ``seq``) fields winning, in first-seen
+    order."""
     merged: dict[tuple[str, str], Row] = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r.seq):
         seen = merged.get(row.key)
         if seen is None:
             merged[row.key] = Row(
-                row.kind, row.client_id, dict(row.fields), dict(row.parents), row.screenshot
+                row.kind,
+                row.client_id,
+                dict(row.fields),
+                dict(row.parents),
+                row.screenshot,
+                row.seq,
             )
         else:
             seen.fields.update(row.fields)
             seen.parents.update(row.parents)
+            seen.seq = row.seq
             if row.screenshot is not None:
                 seen.screenshot = row.screenshot
     return list(merged.values())
@@ -114,29 +144,11 @@ def task_row(task: Task) -> Row:
 def rollout_start_rows(
     context: EpisodeContext, source: tuple[str, tuple[str, str]], model_path: str
 ) -> list[Row]:
-    """The rollout (running) and its environment (running), at episode start."""
+    """The environment (running) and the rollout that links to it (the existing client's link
+    direction), at episode start."""
     now = utc_now()
     episode = context.episode_id
     ref, parent = source
-    rollout = Row(
-        "rollouts",
-        episode,
-        {
-            "rollout_id": episode,
-            "source_type": context.source,
-            "group_id": context.group_id or None,
-            "env_index": context.meta.get("env_index"),
-            "model_path": model_path,
-            "is_eval": context.source != "step",
-            "status": "running",
-            "current_phase": "task_execution",
-            "current_turn": 0,
-            "start_time": now,
-            "task_start_time": now,
-            "max_turns": context.task.max_steps,
-        },
-        {"task": ("tasks", context.task.task_id), ref: parent},
-    )
     environment = Row(
         "environments",
         f"{episode}:env",
@@ -146,9 +158,41 @@ def rollout_start_rows(
             "gbox_id": context.execution_id,
             "creation_time": now,
         },
-        {"rollout": ("rollouts", episode)},
     )
-    return [rollout, environment]
+    rollout = Row(
+        "rollouts",
+        episode,
+        {
+            "rollout_id": episode,
+            "source_type": context.source,
+            "group_num": group_number(context.group_id),
+            "env_index": context.meta.get("env_index", context.meta.get("index_in_group")),
+            "model_path": model_path,
+            "is_eval": context.source != "step",
+            "status": "running",
+            "current_phase": "task_execution",
+            "current_turn": 0,
+            "start_time": now,
+            "task_start_time": now,
+            "max_turns": context.task.max_steps,
+            "summary_json": {"group_id": context.group_id or None},
+        },
+        {
+            "task": ("tasks", context.task.task_id),
+            ref: parent,
+            "env": ("environments", f"{episode}:env"),
+        },
+    )
+    return [environment, rollout]
+
+
+def group_number(group_id: str) -> int | None:
+    """The contract's integer ``group_num`` for a group's uuid: its first 28 bits (the uuid
+    itself goes to ``summary_json.group_id``)."""
+    try:
+        return int(group_id[:7], 16) if group_id else None
+    except ValueError:
+        return None
 
 
 def turn_rows(context: EpisodeContext, turn: TurnRecord) -> list[Row]:
@@ -174,6 +218,9 @@ def turn_rows(context: EpisodeContext, turn: TurnRecord) -> list[Row]:
         "extra_calls": parsed.extra_calls,
         "action_ok": None if step is None else step.ok,
         "action_error": None if step is None else step.error,
+        "parse_error": (
+            None if parsed.error is None else f"{parsed.error.kind}: {parsed.error.message}"
+        ),
     }
     rows = [
         Row(
@@ -188,9 +235,9 @@ def turn_rows(context: EpisodeContext, turn: TurnRecord) -> list[Row]:
                 "episode_done": False,
                 "model_response": turn.text,
                 "thinking": parsed.thought,
-                "parse_error": (
-                    None if parsed.error is None else f"{parsed.error.kind}: {parsed.error.message}"
-                ),
+                "action_json": None
+                if parsed.action is None
+                else parsed.action.model_dump(mode="json"),
                 "metrics_json": metrics,
             },
             {"rollout": ("rollouts", episode)},
@@ -236,7 +283,10 @@ def _observation_row(client_id: str, observation: Observation, parent: dict[str,
     return Row(
         "observations",
         client_id,
-        {"obs_type": "screenshot_before", "width": observation.width, "height": observation.height},
+        {
+            "obs_type": "screenshot_before",
+            "model_input_json": {"width": observation.width, "height": observation.height},
+        },
         dict(parent),
         screenshot=observation.screenshot,
     )
@@ -293,6 +343,7 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
                     if t.parsed.error is not None
                 ],
                 "summary_json": {
+                    "group_id": context.group_id or None,
                     "outcome": record.outcome,
                     "end_reason": record.end_reason,
                     "reward": record.reward,
@@ -315,7 +366,6 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
                 "status_message": record.end_reason or None,
                 "error_message": record.reject_reason,
             },
-            {"rollout": ("rollouts", episode)},
         ),
     ]
     if turns:

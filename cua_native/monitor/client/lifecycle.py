@@ -1,21 +1,257 @@
-"""Training lifecycle hooks for ``train.py``: the training row, steps, baseline and evals.
+"""The training lifecycle, one implementation for every path (embedded trainer, evaluate, and
+AReaL's ``PPOTrainer`` on a cluster).
 
-``TrainingMonitor`` is synchronous (the trainer's loop is) and forwards to a ``Recorder``; used
-as a context manager it marks the training ``running`` on entry, ``completed`` on a normal exit
-and ``failed`` with the error when an exception leaves the block (the exception propagates).
+``TrainingMonitor`` is synchronous (AReaL's trainer loop is) and forwards to a ``Recorder``,
+whose methods only queue rows and never raise or block. It writes:
+
+- the training row at start (``running``, the real run name, the redacted config), and at the
+  end: ``completed`` on a normal exit, ``cancelled`` on Ctrl-C, SIGTERM or task cancellation,
+  ``failed`` with the error otherwise (the exception always propagates);
+- one step row per step (``step_started`` → ``step_training`` → ``step_finished``); the
+  trainer's stats dict is mapped to the step's columns by ``areal_step_columns``;
+- the tasks, the baseline and the evals.
+
+Rollouts link to their step by ``EpisodeContext.step`` (the row's ``global_step``), else by the
+weights version that generated them (AReaL bumps the version once per step).
+
+Use from synchronous code (an AReaL ``PPOTrainer`` subclass)::
+
+    recorder = recorder_from_config(db_url, monitor_url, token, run_dir, run_name=run_name)
+    recorder.start_in_thread()
+    monitor = TrainingMonitor(recorder, model_name=path, config=cfg, total_steps=n)
+    try:
+        with monitor, handle_sigterm():
+            monitor.tasks(tasks)
+            for step in ...:                     # or from the trainer's hooks
+                monitor.step_started(step)
+                ...
+                monitor.step_finished(step, stats)   # stats: stats_tracker.export_all()
+    finally:
+        recorder.close_in_thread()
+        monitor.report_undelivered()
+
+From async code, ``async with monitor:`` also starts and closes the recorder, makes SIGTERM
+cancel the current task, and reports what is still undelivered.
+
+A run directory keeps a ledger of the runs started in it (``monitor_runs.jsonl``). A run that
+never reached its end (``kill -9``, power loss) is marked ``failed`` by the next run that starts
+in the same directory; every run gets a fresh run name, so reruns never mix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from cua_native.gym.protocol import Task
 from cua_native.monitor.client.recorder import Recorder
 
+log = logging.getLogger(__name__)
+
+RUN_NAME_ENV = "CUA_MONITOR_RUN_NAME"
+"""Environment variable that hands the run name to rollout worker processes."""
+LEDGER = "monitor_runs.jsonl"
+SECRET_MARKERS = ("token", "password", "secret", "api_key", "apikey")
+REDACTED = "***"
+
+AREAL_STEP_STATS: dict[str, tuple[str, ...]] = {
+    "loss": ("ppo_actor/update/actor_loss/avg", "actor_loss/avg", "loss"),
+    "kl": ("ppo_actor/update/approx_kl/avg", "approx_kl/avg", "kl"),
+    "grad_norm": ("ppo_actor/update/grad_norm", "grad_norm"),
+    "learning_rate": ("ppo_actor/update/lr", "lr", "learning_rate"),
+    "reward_mean": ("ppo_actor/task_reward/avg", "rollout/cua/reward", "cua/reward", "reward_mean"),
+    "reward_std": ("reward_std",),
+    "num_tokens": ("ppo_actor/n_valid_tokens", "n_valid_tokens", "num_tokens"),
+    "num_trajectories": ("ppo_actor/n_seqs", "n_seqs", "num_trajectories"),
+}
+"""Step column → the AReaL 1.0.4 ``stats_tracker.export_all()`` names it is read from, first
+found wins (checked against AReaL's ``PPOActor.ppo_update`` and ``FSDPEngine.train_batch``)."""
+_INT_COLUMNS = frozenset({"num_tokens", "num_trajectories"})
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM by ``handle_sigterm`` outside an event loop."""
+
+
+def new_run_name(base: str, *, now: datetime | None = None) -> str:
+    """``<base>_<UTC YYYYmmdd-HHMMSS>_<6 hex>``: unique per run, readable, sortable."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    return f"{base}_{stamp}_{uuid.uuid4().hex[:6]}"
+
+
+def redact(value: Any) -> Any:
+    """A copy of a JSON-like value with every secret-looking key's value replaced."""
+    if isinstance(value, Mapping):
+        return {
+            key: (
+                REDACTED
+                if isinstance(key, str)
+                and any(marker in key.lower() for marker in SECRET_MARKERS)
+                and value[key] not in (None, "")
+                else redact(item)
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact(item) for item in value]
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def areal_step_columns(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``Recorder.step_finished`` from an AReaL stats dict.
+
+    ``ppo_actor/update/actor_loss/avg`` → ``loss``, ``…/approx_kl/avg`` → ``kl``,
+    ``…/grad_norm``, ``…/lr``, ``ppo_actor/task_reward/avg`` (the rollout reward) →
+    ``reward_mean``, ``ppo_actor/n_valid_tokens`` / ``n_seqs`` → ``num_tokens`` /
+    ``num_trajectories``. Every finite scalar also goes to ``metrics`` (``metrics_json``);
+    NaN and infinities are left out (JSON has no such numbers).
+    """
+    columns: dict[str, Any] = {}
+    for column, names in AREAL_STEP_STATS.items():
+        for name in names:
+            number = _finite(stats.get(name))
+            if number is not None:
+                columns[column] = int(number) if column in _INT_COLUMNS else number
+                break
+    metrics = {
+        key: number
+        for key, value in stats.items()
+        if isinstance(key, str) and (number := _finite(value)) is not None
+    }
+    columns["metrics"] = metrics
+    return columns
+
+
+def _exit_status(exc: BaseException | None) -> tuple[str, str | None]:
+    if exc is None:
+        return "completed", None
+    if isinstance(exc, asyncio.CancelledError):
+        reason = " ".join(str(a) for a in exc.args) or "cancelled"
+        return "cancelled", reason
+    if isinstance(exc, KeyboardInterrupt):
+        return "cancelled", "interrupted (SIGINT)"
+    if isinstance(exc, Terminated):
+        return "cancelled", "terminated (SIGTERM)"
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return "completed", None
+    return "failed", f"{type(exc).__name__}: {exc}"
+
+
+class RunLedger:
+    """``<run_dir>/monitor_runs.jsonl``: one line per run start and end."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.path = Path(run_dir) / LEDGER
+
+    def _entries(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        entries = []
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and isinstance(entry.get("run_name"), str):
+                    entries.append(entry)
+        return entries
+
+    def unfinished(self) -> list[str]:
+        """Runs started here that never wrote an end and whose process is gone."""
+        state: dict[str, dict[str, Any]] = {}
+        for entry in self._entries():
+            state[entry["run_name"]] = entry
+        return [
+            name
+            for name, entry in state.items()
+            if entry.get("state") == "running" and not _alive(entry.get("pid"))
+        ]
+
+    def write(self, run_name: str, state: str) -> None:
+        entry = {"run_name": run_name, "state": state, "pid": os.getpid(), "time": _now()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        except OSError as exc:  # a full disk must not stop training
+            log.warning("monitor: could not write %s: %s", self.path, exc)
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+@contextlib.contextmanager
+def handle_sigterm() -> Iterator[None]:
+    """Make SIGTERM end the run like Ctrl-C: inside an event loop it cancels the current task
+    (``CancelledError("SIGTERM")``); in plain synchronous code it raises ``Terminated``. Either
+    way ``TrainingMonitor`` records ``cancelled`` and the ``finally`` blocks run. Outside the main
+    thread it does nothing."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        task = asyncio.current_task()
+        try:
+            if task is None:
+                raise RuntimeError("no current task")
+            loop.add_signal_handler(signal.SIGTERM, task.cancel, "SIGTERM")
+        except (NotImplementedError, RuntimeError, ValueError):
+            yield
+            return
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+        return
+
+    def raise_terminated(_signum: int, _frame: Any) -> None:
+        raise Terminated("SIGTERM")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 class TrainingMonitor:
+    """The lifecycle of one run; see the module docstring."""
+
     def __init__(
         self,
         recorder: Recorder,
@@ -23,33 +259,88 @@ class TrainingMonitor:
         model_name: str,
         config: Any = None,
         total_steps: int | None = None,
+        log_path: str | None = None,
         experiment: str | None = None,
         trial: str | None = None,
         **training_fields: Any,
     ) -> None:
+        """``training_fields``: other training columns (``learning_rate``, ``group_size``,
+        ``seed``, ...). ``config`` goes to ``config_json`` with secrets redacted."""
         self.recorder = recorder
         self.total_steps = total_steps
-        self._start = {
+        self.ledger = RunLedger(recorder.run_dir)
+        self.status: str | None = None
+        described = {"experiment_name": experiment, "trial_name": trial}
+        self._start: dict[str, Any] = {
             "model_name": model_name,
-            "config": {"experiment_name": experiment, "trial_name": trial, "config": config},
+            "config": redact({"config": config, **described} if experiment or trial else config),
             "total_steps": total_steps,
-            "status_message": f"{experiment}/{trial}" if experiment or trial else None,
+            "log_path": log_path,
             **training_fields,
         }
 
-    def __enter__(self) -> TrainingMonitor:
+    @property
+    def run_name(self) -> str:
+        return self.recorder.run_name
+
+    # --- start and end ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Mark runs that died in this run directory failed, then record this one running."""
+        for stale in self.ledger.unfinished():
+            if stale != self.run_name:
+                self.recorder.training_abandoned(
+                    stale, "the process ended without closing the run (killed?)"
+                )
+                self.ledger.write(stale, "failed")
+        self.ledger.write(self.run_name, "running")
         self.recorder.training_started(**self._start)
+
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """Record the end: ``completed``, ``cancelled`` (with ``error`` as the reason) or
+        ``failed``."""
+        self.status = status
+        if status == "failed":
+            self.recorder.training_failed(error or "failed")
+        else:
+            self.recorder.training_finished(status, message=error)
+        self.ledger.write(self.run_name, status)
+
+    def __enter__(self) -> TrainingMonitor:
+        self.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.recorder.training_finished("completed")
-        elif isinstance(exc, KeyboardInterrupt):
-            self.recorder.training_finished("cancelled")
-        else:
-            self.recorder.training_failed(exc)
+        self.finish(*_exit_status(exc))
+
+    async def __aenter__(self) -> TrainingMonitor:
+        if self.recorder.state == "new":
+            await self.recorder.start()
+        self._sigterm = handle_sigterm()
+        self._sigterm.__enter__()
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.finish(*_exit_status(exc))
+            self._sigterm.__exit__(None, None, None)
+        finally:
+            await self.recorder.aclose()
+            self.report_undelivered()
+
+    def report_undelivered(self, stream: Any = None) -> list[str]:
+        """Print (to stderr) what the recorder could not deliver and how to deliver it."""
+        lines = self.recorder.undelivered()
+        for line in lines:
+            print(line, file=stream or sys.stderr)
+        return lines
+
+    # --- what happens in between ------------------------------------------------------------
 
     def tasks(self, tasks: Iterable[Task]) -> None:
         self.recorder.tasks_registered(tasks)
@@ -60,21 +351,17 @@ class TrainingMonitor:
     def step_training(self, step: int) -> None:
         self.recorder.step_training(step)
 
-    def step_finished(self, step: int, stats: dict[str, float]) -> None:
-        """``stats``: the trainer's scalar stats; the usual names fill the step's columns and
-        all of them go to ``metrics_json``."""
-        self.recorder.step_finished(
-            step,
-            loss=_first(stats, "loss", "actor/loss", "ppo_actor/loss"),
-            kl=_first(stats, "kl", "kl_divergence", "actor/kl", "ppo_actor/kl"),
-            reward_mean=_first(stats, "reward_mean", "reward/mean", "rollout/reward", "reward"),
-            reward_std=_first(stats, "reward_std", "reward/std"),
-            num_tokens=_int(_first(stats, "num_tokens", "tokens", "n_tokens")),
-            num_trajectories=_int(_first(stats, "num_trajectories", "n_seqs")),
-            learning_rate=_first(stats, "learning_rate", "lr", "actor/lr"),
-            grad_norm=_first(stats, "grad_norm", "actor/grad_norm", "ppo_actor/grad_norm"),
-            metrics=dict(stats),
-        )
+    def step_finished(
+        self, step: int, stats: Mapping[str, Any] | None = None, **columns: Any
+    ) -> None:
+        """``stats``: the trainer's stats (AReaL names, mapped by ``areal_step_columns``);
+        ``columns``: ``Recorder.step_finished`` keywords, which win over the mapped ones
+        (``metrics`` dicts are merged)."""
+        mapped = areal_step_columns(stats or {})
+        extra_metrics = columns.pop("metrics", None) or {}
+        mapped.update({k: v for k, v in columns.items() if v is not None})
+        mapped["metrics"] = {**mapped.get("metrics", {}), **extra_metrics} or None
+        self.recorder.step_finished(step, **mapped)
 
     def baseline_started(self, model_path: str, total_tasks: int | None = None) -> None:
         self.recorder.baseline_started(model_path, total_tasks=total_tasks)
@@ -90,15 +377,3 @@ class TrainingMonitor:
 
     def eval_finished(self, step: int, **results: Any) -> None:
         self.recorder.eval_finished(step, **results)
-
-
-def _first(stats: dict[str, float], *names: str) -> float | None:
-    for name in names:
-        value = stats.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import io
 import logging
+import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -91,6 +92,7 @@ class Recorder:
         self._queue: deque[Row] = deque()
         self._lock = threading.Lock()
         self._counts = {"queued": 0, "dropped": 0, "errors": 0}
+        self._seq = events.SeqClock()
         self._known: set[tuple[str, str]] = set()
         """Parents already queued (tasks, steps, evals, baselines, the training)."""
         self._uris: OrderedDict[int, tuple[Screenshot, str]] = OrderedDict()
@@ -116,17 +118,42 @@ class Recorder:
             await channel.start()
         self._writer = asyncio.create_task(self._run(), name="monitor-recorder")
 
+    @property
+    def state(self) -> str:
+        """``new``, ``running``, ``closing`` or ``closed``."""
+        return self._state
+
     async def aclose(self) -> None:
-        """Deliver what is queued (or spill it); idempotent."""
+        """Deliver what is queued (or spill it); idempotent; never raises (a failure is logged
+        and shows in ``undelivered``)."""
         if self._state != "running":
             self._state = "closed"
             return
         self._state = "closing"
         assert self._wake is not None and self._writer is not None
         self._wake.set()
-        await self._writer
-        await asyncio.gather(*(channel.aclose() for channel in self._channels))
+        try:
+            await asyncio.shield(self._writer)
+        except asyncio.CancelledError:
+            await asyncio.wait({self._writer})
+        except Exception:
+            log.exception("monitor recorder: writer failed")
+        results = await asyncio.gather(
+            *(channel.aclose() for channel in self._channels), return_exceptions=True
+        )
+        for channel, result in zip(self._channels, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("monitor sink %s: close failed: %r", channel.sink.name, result)
         self._state = "closed"
+
+    def undelivered(self) -> list[str]:
+        """One line per sink that still holds records, saying how to deliver them."""
+        lines = []
+        for channel in self._channels:
+            line = channel.undelivered_line(self.run_dir)
+            if line:
+                lines.append(line)
+        return lines
 
     async def __aenter__(self) -> Recorder:
         await self.start()
@@ -192,6 +219,8 @@ class Recorder:
                 self._counts["dropped"] += len(rows)
                 log.warning("monitor recorder: %d rows dropped (queue full or closed)", len(rows))
                 return
+            for row in rows:
+                row.seq = self._seq()
             self._queue.extend(rows)
             self._counts["queued"] += len(rows)
             wake = len(self._queue) >= self.batch_size and not self._signalled
@@ -235,6 +264,8 @@ class Recorder:
             for row, uri in zip(with_images, uris, strict=True):
                 row.fields["screenshot_uri"] = uri
                 row.screenshot = None
+        for row in rows:
+            _sanitize(row.fields)
         for channel in self._channels:
             channel.submit(rows)
 
@@ -266,6 +297,8 @@ class Recorder:
             out.append(row)
 
     def _training_ref(self, out: list[Row]) -> dict[str, tuple[str, str]]:
+        """The training as a parent. The row carries no status: a late worker row must never
+        turn a finished training back to running."""
         self._ensure(
             Row(
                 TRAINING,
@@ -274,7 +307,6 @@ class Recorder:
                     "run_name": self.run_name,
                     "log_path": str(self.run_dir),
                     "model_name": self.model_path or "unknown",
-                    "status": "running",
                 },
             ),
             out,
@@ -282,21 +314,26 @@ class Recorder:
         return {"training": (TRAINING, self.run_name)}
 
     def _source_ref(self, context: EpisodeContext, out: list[Row]) -> tuple[str, tuple[str, str]]:
+        """The step, eval or baseline a rollout belongs to (created without a status when this
+        recorder has not seen it: another process may own it). A training rollout without a
+        ``step`` belongs to the step whose weights generated it: AReaL's version."""
         parent = self._training_ref(out)
-        index = context.step if context.step is not None else 0
+        if context.step is not None:
+            index = context.step
+        else:
+            index = context.model_version if context.source == "step" else 0
         model_path = self._model_path(context)
         if context.source == "eval":
             client_id = events.eval_client_id(self.run_name, index)
-            fields: dict[str, Any] = {"step": index, "model_path": model_path, "status": "running"}
+            fields: dict[str, Any] = {"step": index, "model_path": model_path}
             self._ensure(Row("evals", client_id, fields, parent), out)
             return "eval", ("evals", client_id)
         if context.source == "baseline":
             client_id = events.baseline_client_id(self.run_name, index)
-            fields = {"model_path": model_path, "status": "running"}
-            self._ensure(Row("baselines", client_id, fields, parent), out)
+            self._ensure(Row("baselines", client_id, {"model_path": model_path}, parent), out)
             return "baseline", ("baselines", client_id)
         client_id = events.step_client_id(self.run_name, index)
-        self._ensure(Row("steps", client_id, {"step": index, "status": "pending"}, parent), out)
+        self._ensure(Row("steps", client_id, {"step": index}, parent), out)
         return "step", ("steps", client_id)
 
     def _model_path(self, context: EpisodeContext) -> str:
@@ -355,12 +392,26 @@ class Recorder:
         )
 
     @_never_raises
-    def training_finished(self, status: str = "completed") -> None:
+    def training_finished(self, status: str = "completed", *, message: str | None = None) -> None:
         now = utc_now()
         fields: dict[str, Any] = {"status": status, "end_time": now, "last_heartbeat": now}
         if status == "completed":
             fields["progress_percent"] = 100.0
+        if message:
+            fields["status_message"] = message
         self._training(fields)
+
+    @_never_raises
+    def training_abandoned(self, run_name: str, message: str) -> None:
+        """Mark an earlier run of this run directory failed (its process died unannounced)."""
+        now = utc_now()
+        fields = {
+            "run_name": run_name,
+            "status": "failed",
+            "error_message": message,
+            "end_time": now,
+        }
+        self._put([Row(TRAINING, run_name, fields)])
 
     @_never_raises
     def training_failed(self, error: BaseException | str) -> None:
@@ -534,6 +585,29 @@ class Recorder:
         now = utc_now()
         fields = {"step": step, "status": status, "end_time": now, "eval_time": now} | results
         self._eval_like("evals", events.eval_client_id(self.run_name, step), fields)
+
+
+def _sanitize(fields: dict[str, Any]) -> None:
+    """Values no monitor can store are fixed before they travel: NaN/infinite numbers and
+    integers beyond 64 bits become ``None``, NUL characters U+FFFD."""
+    for key, value in list(fields.items()):
+        fields[key] = _clean(value)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**63 else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
 
 
 def _screenshot_uri(shot: Screenshot) -> str:

@@ -3,7 +3,14 @@
 The 13 seed tables with their columns, defaults, uniques and indexes, plus (additively):
 a ``client_id`` on every ingestable table (the upsert key of the ingest contract),
 ``rollout.group_id``, ``turn.model_response``/``thinking``/``parse_error`` and
-``obs.width``/``height``. No ``group`` table: a rollout's ``group`` number and ``group_id`` are
+``obs.width``/``height``, and (migration 0002) the columns the existing Training Monitor's
+client sends that the seed lacks: ``training.experiment_name``/``trial_name``, the
+``avg_turn_time``/``estimated_*`` timings, ``task.instruction``, ``rollout.env_id`` (the client
+links rollout → environment; ``environment.rollout_id`` became nullable and is back-filled),
+``rollout.gbox_run_id``/``gbox_base_url``/``trajectory_data_json``,
+``turn.text``/``screen_before``/``screen_after``/``action_json``/``model_specific_input_json``,
+``action.action_name``/``action_args``/``action_call_id``/``action_json`` and
+``validation.screenshot_uri``. No ``group`` table: a rollout's ``group`` number and ``group_id`` are
 enough to group it on the dashboard, and group statistics are computed by query.
 
 Timestamps are naive UTC. JSON columns are TEXT as in the seed (portable to both backends).
@@ -101,6 +108,11 @@ class Training(Base):
     config_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
     updated_at: Mapped[datetime | None] = _created()
+    experiment_name: Mapped[str | None] = mapped_column(Text)
+    trial_name: Mapped[str | None] = mapped_column(Text)
+    avg_turn_time: Mapped[float | None] = mapped_column(Float)
+    estimated_total_time: Mapped[float | None] = mapped_column(Float)
+    estimated_remaining_time: Mapped[float | None] = mapped_column(Float)
 
 
 class _EvalColumns:
@@ -128,6 +140,9 @@ class _EvalColumns:
     metrics_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
     updated_at: Mapped[datetime | None] = _created()
+    avg_turn_time: Mapped[float | None] = mapped_column(Float)
+    estimated_total_time: Mapped[float | None] = mapped_column(Float)
+    estimated_remaining_time: Mapped[float | None] = mapped_column(Float)
 
 
 class Baseline(_EvalColumns, Base):
@@ -170,6 +185,7 @@ class Task(Base):
     source_type: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
     updated_at: Mapped[datetime | None] = _created()
+    instruction: Mapped[str | None] = mapped_column(Text)
 
 
 class Validator(Base):
@@ -225,6 +241,9 @@ class Step(Base):
     metrics_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
     updated_at: Mapped[datetime | None] = _created()
+    avg_turn_time: Mapped[float | None] = mapped_column(Float)
+    estimated_total_time: Mapped[float | None] = mapped_column(Float)
+    estimated_remaining_time: Mapped[float | None] = mapped_column(Float)
 
 
 class Rollout(Base):
@@ -290,6 +309,12 @@ class Rollout(Base):
     trajectory_path: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
     updated_at: Mapped[datetime | None] = _created()
+    env_id: Mapped[int | None] = mapped_column(
+        ForeignKey("environment.id", name="fk_rollout_env_id", use_alter=True)
+    )
+    gbox_run_id: Mapped[str | None] = mapped_column(Text)
+    gbox_base_url: Mapped[str | None] = mapped_column(Text)
+    trajectory_data_json: Mapped[str | None] = mapped_column(Text)
 
 
 class Turn(Base):
@@ -313,6 +338,11 @@ class Turn(Base):
     thinking: Mapped[str | None] = mapped_column(Text)
     parse_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
+    text: Mapped[str | None] = mapped_column(Text)
+    screen_before: Mapped[str | None] = mapped_column(Text)
+    screen_after: Mapped[str | None] = mapped_column(Text)
+    action_json: Mapped[str | None] = mapped_column(Text)
+    model_specific_input_json: Mapped[str | None] = mapped_column(Text)
 
 
 class Action(Base):
@@ -329,6 +359,10 @@ class Action(Base):
     logprobs: Mapped[str | None] = mapped_column(Text)
     num_tokens: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime | None] = _created()
+    action_name: Mapped[str | None] = mapped_column(Text)
+    action_args: Mapped[str | None] = mapped_column(Text)
+    action_call_id: Mapped[str | None] = mapped_column(Text)
+    action_json: Mapped[str | None] = mapped_column(Text)
 
 
 class Obs(Base):
@@ -364,6 +398,7 @@ class Validation(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     details_json: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime | None] = _created()
+    screenshot_uri: Mapped[str | None] = mapped_column(Text)
 
 
 class Environment(Base):
@@ -375,7 +410,7 @@ class Environment(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     client_id: Mapped[str | None] = _client_id()
-    rollout_id: Mapped[int] = mapped_column(ForeignKey("rollout.id"))
+    rollout_id: Mapped[int | None] = mapped_column(ForeignKey("rollout.id"))
     env_type: Mapped[str] = mapped_column(Text)
     status: Mapped[str | None] = mapped_column(Text, server_default=text("'pending'"))
     gbox_id: Mapped[str | None] = mapped_column(Text)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,6 +53,7 @@ from cua_native.monitor.service.schema import (
 )
 
 TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+ENDED_TRAINING = ("failed", "cancelled")
 SQLITE_FILE = "monitor.db"
 JSON_FIELDS = frozenset(
     {
@@ -69,8 +70,15 @@ JSON_FIELDS = frozenset(
         "logprobs",
         "rollout_progress",
         "training_progress",
+        "trajectory_data_json",
+        "action_json",
+        "action_args",
+        "model_specific_input_json",
     }
 )
+TRAINING_DEFAULTS = {"log_path": "", "model_name": "unknown"}
+"""What a new training gets when the sender gives none (the existing client's first post has
+only ``run_name``, ``status``, ``current_phase``, ``experiment_name`` and ``trial_name``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +123,7 @@ KINDS: dict[str, _Kind] = {
             "eval_id": ("eval_client_id", Eval),
             "baseline_id": ("baseline_client_id", Baseline),
             "task_id": ("task_client_id", Task),
+            "env_id": ("env_client_id", Environment),
         },
         ("rollout_id",),
         ("source_type", "rollout_id", "task_id", "model_path"),
@@ -125,7 +134,7 @@ KINDS: dict[str, _Kind] = {
         "environment",
         {"rollout_id": ("rollout_client_id", Rollout)},
         (),
-        ("rollout_id", "env_type"),
+        ("env_type",),
         True,
     ),
     "turns": _Kind(
@@ -258,19 +267,36 @@ class _BatchWriter:
         self.now = utcnow()
         self.touched: dict[str, set[int]] = {kind: set() for kind in KINDS}
         self.touched_trainings: set[int] = set()
+        self.ended_trainings: dict[int, str] = {}
+        """Trainings this batch moved to ``failed``/``cancelled``: their open children close."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
         answer: dict[str, Any] = {}
         if batch.training is not None:
             answer["training_id"] = self._training(batch.training)
+        # Environments come before rollouts (the existing client links rollout → environment),
+        # except those that name their rollout (the other direction): they come after it.
+        environments = list(enumerate(batch.environments))
+        linked = [(i, e) for i, e in environments if e.rollout_client_id or e.rollout_id]
+        deferred = {i for i, _ in linked}
+        plan: list[tuple[str, list[tuple[int, Any]]]] = []
         for kind in ARRAY_KINDS:
-            records: list[BaseModel] = getattr(batch, kind)
+            if kind == "environments":
+                plan.append((kind, [(i, e) for i, e in environments if i not in deferred]))
+            else:
+                plan.append((kind, list(enumerate(getattr(batch, kind)))))
+            if kind == "rollouts":
+                plan.append(("environments", linked))
+        for kind, records in plan:
             if records:
-                answer[kind] = [
-                    {"client_id": record.client_id, "id": self._upsert(kind, record)}  # type: ignore[attr-defined]
-                    for record in records
-                ]
+                slots = answer.setdefault(kind, [None] * len(getattr(batch, kind)))
+                for position, record in records:
+                    slots[position] = _mapping(record.client_id, self._upsert(kind, record))
         self.session.flush()
+        for training_id, status in self.ended_trainings.items():
+            _close_children(self.session, training_id, status, self.now)
+        if self.ended_trainings:
+            self.session.expire_all()
         _Progress(self.session, self.now).refresh(self.touched, self.touched_trainings)
         return answer
 
@@ -283,24 +309,34 @@ class _BatchWriter:
         client_id = values.pop("client_id", None)
         row: Training | None = None
         if training_id is not None:
-            row = self.session.get(Training, training_id)
+            row = self.session.get(Training, training_id) if abs(training_id) < 2**31 else None
             if row is None:
                 raise IngestError(f"training: unknown training_id {training_id}")
+            run_name = values.get("run_name")
+            if run_name is not None and row.run_name != run_name:
+                raise IngestError(
+                    f"training: training_id {training_id} is run {row.run_name!r}, not {run_name!r}"
+                )
         if row is None and client_id is not None:
             row = self._lookup(Training, client_id)
         if row is None and values.get("run_name") is not None:
             row = self.session.scalars(
                 select(Training).where(Training.run_name == values["run_name"])
             ).first()
+        if row is None:
+            values = TRAINING_DEFAULTS | values
         kind = _Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
+        before = row.status if row is not None else None
         row = self._write(kind, row, client_id, values, label=client_id or str(training_id))
         self.touched_trainings.add(row.id)
+        if row.status in ENDED_TRAINING and row.status != before:
+            self.ended_trainings[row.id] = row.status
         return row.id
 
     def _upsert(self, kind_name: str, record: BaseModel) -> int:
         kind = KINDS[kind_name]
         values = record.model_dump(exclude_unset=True)
-        client_id: str = values.pop("client_id")
+        client_id: str | None = values.pop("client_id", None)
         for column, (client_key, parent) in kind.foreign_keys.items():
             if client_key in values:
                 parent_client_id = values.pop(client_key)
@@ -315,7 +351,8 @@ class _BatchWriter:
         values = {k: _to_column(k, v) for k, v in values.items()}
         if kind.model is Obs and is_data_uri(values.get("screenshot_uri") or ""):
             values["screenshot_uri"] = self.screenshots.put_data_uri(values["screenshot_uri"])
-        row = self._lookup(kind.model, client_id)
+        _contract_extras(kind.model, values)
+        row = self._lookup(kind.model, client_id) if client_id is not None else None
         if (
             row is None
             and kind.natural_key
@@ -327,6 +364,10 @@ class _BatchWriter:
             values = self._rollout_source(row, values, client_id)
         row = self._write(kind, row, client_id, values, label=f"{kind_name}[{client_id}]")
         self.touched[kind_name].add(row.id)
+        if kind.model is Rollout and row.env_id is not None:
+            environment = self.session.get(Environment, row.env_id)
+            if environment is not None and environment.rollout_id is None:
+                environment.rollout_id = row.id
         return row.id
 
     def _rollout_source(
@@ -362,9 +403,9 @@ class _BatchWriter:
             row = model(**values)
             if client_id is not None:
                 row.client_id = client_id
-            row.created_at = self.now
+            row.created_at = values.get("created_at") or self.now
             if has_updated:
-                row.updated_at = self.now
+                row.updated_at = values.get("updated_at") or self.now
             self.session.add(row)
             self.session.flush()
             if kind.has_status:
@@ -375,7 +416,7 @@ class _BatchWriter:
             setattr(row, column, value)
         if client_id is not None and row.client_id is None:
             row.client_id = client_id
-        if has_updated:
+        if has_updated and "updated_at" not in values:
             row.updated_at = self.now
         self.session.flush()
         if kind.has_status and "status" in values and values["status"] != old_status:
@@ -468,8 +509,8 @@ class _Progress:
         for rollout in rollouts:
             groups.setdefault(rollout.group_id or rollout.group, []).append(rollout)
         given = _json_dict(step.rollout_progress)
-        total_envs = max(int(given.get("total_envs") or 0), len(rollouts))
-        total_groups = max(int(given.get("total_groups") or 0), len(groups))
+        total_envs = max(_count(given.get("total_envs")), len(rollouts))
+        total_groups = max(_count(given.get("total_groups")), len(groups))
         completed_groups = sum(
             all(r.status in TERMINAL_ROLLOUT for r in members) for members in groups.values()
         )
@@ -491,8 +532,8 @@ class _Progress:
             return
         training = _json_dict(step.training_progress)
         rollout_part = len(done) / total_envs if total_envs else 0.0
-        substeps = int(training.get("total_substeps") or 0)
-        training_part = int(training.get("completed_substeps") or 0) / substeps if substeps else 0.0
+        substeps = _count(training.get("total_substeps"))
+        training_part = _count(training.get("completed_substeps")) / substeps if substeps else 0.0
         step.progress_percent = round(80.0 * rollout_part + 20.0 * min(training_part, 1.0), 3)
 
     def _eval_like(self, row: Eval | Baseline, model: type[Eval] | type[Baseline]) -> None:
@@ -529,6 +570,82 @@ class _Progress:
             training.progress_percent = 100.0
         elif training.total_steps:
             training.progress_percent = min(100.0, 100.0 * completed / training.total_steps)
+
+
+def _close_children(session: Session, training_id: int, status: str, now: datetime) -> None:
+    """A training that failed or was cancelled leaves nothing open: its unfinished steps fail,
+    its unfinished evals/baselines and their rollouts take its status, environments end."""
+    message = f"training {status}"
+    open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
+    session.execute(
+        update(Step)
+        .where(Step.training_id == training_id, open_steps)
+        .values(status="failed", error_message=message, end_time=now, updated_at=now)
+    )
+    for model in (Eval, Baseline):
+        session.execute(
+            update(model)
+            .where(
+                model.training_id == training_id,
+                model.status.not_in(TERMINAL_ROLLOUT) | model.status.is_(None),
+            )
+            .values(status=status, error_message=message, end_time=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    sources = (
+        Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
+        | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
+        | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
+    )
+    open_rollouts = select(Rollout.id).where(
+        sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None)
+    )
+    session.execute(
+        update(Environment)
+        .where(
+            Environment.rollout_id.in_(open_rollouts),
+            Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
+        )
+        .values(status="terminated", status_message=message, termination_time=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Rollout)
+        .where(Rollout.id.in_(open_rollouts))
+        .values(status=status, error_message=message, end_time=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from a sender's progress JSON; anything else counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if 0 <= value < 2**31 else 0
+
+
+def _mapping(client_id: str | None, row_id: int) -> dict[str, Any]:
+    return {"id": row_id} if client_id is None else {"client_id": client_id, "id": row_id}
+
+
+def _contract_extras(model: type[Base], values: dict[str, Any]) -> None:
+    """Fill the dashboard's columns from where a contract-only sender puts them: the group number
+    (``group_num``), a turn's parse error (``metrics_json.parse_error``) and a screenshot's size
+    (``model_input_json.width``/``height``)."""
+    if model is Rollout and values.get("group_num") is not None:
+        values["group"] = values.pop("group_num")
+    values.pop("group_num", None)
+    if model is Rollout and values.get("group_id") is not None:
+        values["group_id"] = str(values["group_id"])
+    if model is Turn and "parse_error" not in values:
+        parse_error = _json_dict(values.get("metrics_json")).get("parse_error")
+        if isinstance(parse_error, str):
+            values["parse_error"] = parse_error
+    if model is Obs:
+        size = _json_dict(values.get("model_input_json"))
+        for key in ("width", "height"):
+            if key not in values and isinstance(size.get(key), int):
+                values[key] = size[key]
 
 
 def _json_dict(text: str | None) -> dict[str, Any]:

@@ -83,7 +83,10 @@ async def test_calls_return_while_the_sink_hangs(store: MonitorStore, tmp_path: 
 
     class HangingSink:
         name = "hanging"
+        destination = "hanging"
+        address = "hanging"
         accepts_client_refs = True
+        contract_only = False
 
         async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
             await release.wait()
@@ -138,7 +141,7 @@ async def test_outage_mid_run_delivers_everything_once(store: MonitorStore, tmp_
         steps = {s.step: s.id for s in session.scalars(select(schema.Step))}
         late = next(r for r in rollouts if r.rollout_id == episodes[-1])
         assert late.step_id == steps[1]
-    assert not (run_dir / "monitor_spill" / "http.jsonl").exists()
+    assert not [p for p in (run_dir / "monitor_spill").glob("http-*.jsonl") if ".ids" not in p.name]
 
 
 async def test_dead_monitor_at_start_never_fails_training(tmp_path: Path) -> None:
@@ -152,7 +155,10 @@ async def test_dead_monitor_at_start_never_fails_training(tmp_path: Path) -> Non
     stats = recorder.stats()
     assert stats["monitor/errors"] == 0 and stats["monitor/dropped"] == 0
     assert stats["monitor/http/spilled"] > 0
-    assert (tmp_path / "run" / "monitor_spill" / "http.jsonl").stat().st_size > 0
+    (spill,) = [
+        p for p in (tmp_path / "run" / "monitor_spill").glob("http-*.jsonl") if ".ids" not in p.name
+    ]
+    assert spill.stat().st_size > 0
 
 
 async def test_next_recorder_redelivers_the_spill(store: MonitorStore, tmp_path: Path) -> None:
@@ -203,14 +209,16 @@ async def test_rejected_rows_do_not_block_the_rest(store: MonitorStore, tmp_path
     stats = recorder.stats()
     assert stats["monitor/sql/rejected"] == 1
     assert count(store, schema.Turn) == 1
-    rejected = (tmp_path / "run" / "monitor_spill" / "sql.rejected.jsonl").read_text()
+    (rejected_file,) = (tmp_path / "run" / "monitor_spill").glob("sql-*.rejected.jsonl")
+    rejected = rejected_file.read_text()
     assert "avg_turns" in rejected
 
 
 def test_ids_without_client_id_are_taken_in_order() -> None:
-    answer = {"actions": [{"id": 7}, {"id": 8}], "turns": [{"client_id": "b", "id": 3}]}
+    answer = {"actions": [{"id": 7}, {"id": 8}], "turns": [{"client_id": "w", "id": 3}]}
     assert id_pairs("actions", ["x", "y"], answer) == [("x", 7), ("y", 8)]
-    assert id_pairs("turns", ["a"], answer) == [("b", 3)]
+    assert id_pairs("turns", ["a"], answer, ["w"]) == [("a", 3)]  # the wire id maps back
+    assert id_pairs("turns", ["a"], answer) == []  # an id we never sent is not ours
 
 
 async def test_recorder_in_its_own_thread(store: MonitorStore, tmp_path: Path) -> None:

@@ -8,13 +8,18 @@ is refused when the server has no token.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
-from fastapi import Body, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
@@ -27,7 +32,23 @@ from cua_native.monitor.service.store import MonitorStore
 
 HERE = Path(__file__).resolve().parent
 TOKEN_COOKIE = "cua_monitor_token"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Twice what the recorder's HTTP sink sends at most (``HttpSink.max_body_bytes``)."""
 INGEST_PATH = "/api/ingest/batch"
+
+
+class AccessLogRedactor(logging.Filter):
+    """Masks ``token=`` values in uvicorn's access-log lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+            )
+        return True
+
+
+_TOKEN_QUERY = re.compile(r"((?:^|[?&])token=)[^&\s]*")
 
 
 def _bearer(request: Request) -> str | None:
@@ -48,8 +69,27 @@ def _templates() -> Jinja2Templates:
     return templates
 
 
-def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
-    """The dashboard over ``store``; ``token`` protects every page and enables ingest."""
+def _too_large(limit: int) -> Response:
+    return JSONResponse({"error": f"body over {limit} bytes"}, status_code=413)
+
+
+MAX_ID = 2**63 - 1
+
+
+def _check_id(value: int) -> None:
+    """Ids beyond the databases' integers are simply not there (not a 500)."""
+    if not 0 < value <= MAX_ID:
+        raise HTTPException(404, "no such record")
+
+
+def create_app(
+    store: MonitorStore, token: str | None = None, *, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    """The dashboard over ``store``; ``token`` protects every page and enables ingest.
+
+    A page opened with ``?token=`` sets the cookie and is redirected to the same address
+    without it, so the token does not stay in the address bar, history or later access-log
+    lines (``AccessLogRedactor`` masks it in the first one)."""
     app = FastAPI(title="cua_native Training Monitor", docs_url=None, redoc_url=None)
     templates = _templates()
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
@@ -62,7 +102,9 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
             return await call_next(request)
         query_token = request.query_params.get("token")
         if _matches(query_token, token):
-            response = await call_next(request)
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
+            response = RedirectResponse(target, status_code=303)
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
             return response
         if _matches(_bearer(request), token) or _matches(request.cookies.get(TOKEN_COOKIE), token):
@@ -84,6 +126,7 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
 
     @app.get("/trainings/{training_id}")
     def training_page(request: Request, training_id: int) -> Response:
+        _check_id(training_id)
         with store.session() as session:
             data = queries.training(session, training_id)
         if data is None:
@@ -119,11 +162,18 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
         return page(request, "training.html", charts=[Markup(c) for c in charts], **data)
 
     def source_page(request: Request, kind: str, source_id: int) -> Response:
+        _check_id(source_id)
         with store.session() as session:
             data = queries.source(session, kind, source_id)
         if data is None:
             raise HTTPException(404, f"no {kind} {source_id}")
         return page(request, "source.html", **data)
+
+    @app.get("/{training_id:int}")
+    def training_link(training_id: int) -> Response:
+        """The link the existing monitor's client logs: ``{base}/{training_id}?project_id=…``."""
+        _check_id(training_id)
+        return RedirectResponse(f"/trainings/{training_id}", status_code=307)
 
     @app.get("/steps/{source_id}")
     def step_page(request: Request, source_id: int) -> Response:
@@ -139,6 +189,7 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
 
     @app.get("/rollouts/{rollout_id}")
     def rollout_page(request: Request, rollout_id: int) -> Response:
+        _check_id(rollout_id)
         with store.session() as session:
             data = queries.rollout(session, rollout_id)
         if data is None:
@@ -149,8 +200,8 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
     def screenshot(relative: str) -> Response:
         try:
             path = store.screenshots.resolve(f"screenshots/{relative}")
-        except ScreenshotError as exc:
-            raise HTTPException(404, str(exc)) from exc
+        except (ScreenshotError, ValueError, OSError) as exc:  # NUL bytes, odd names
+            raise HTTPException(404, "not a stored screenshot") from exc
         return FileResponse(
             path,
             media_type=MEDIA_TYPES[path.suffix],
@@ -158,15 +209,33 @@ def create_app(store: MonitorStore, token: str | None = None) -> FastAPI:
         )
 
     @app.post(INGEST_PATH)
-    def ingest(request: Request, batch: dict[str, Any] = Body(...)) -> Response:  # noqa: B008
+    async def ingest(request: Request) -> Response:
+        """Token first, then the body (capped at ``max_body_bytes``, read as it streams), then
+        JSON parsing and the store, both off the event loop."""
         if token is None:
             return JSONResponse(
                 {"error": "ingest is disabled: start the server with --token"}, status_code=403
             )
         if not _matches(_bearer(request), token):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            return _too_large(max_body_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                return _too_large(max_body_bytes)
+            chunks.append(chunk)
         try:
-            answer = store.ingest(batch)
+            batch = await asyncio.to_thread(json.loads, b"".join(chunks))
+        except ValueError as exc:
+            return JSONResponse({"error": f"body is not JSON: {exc}"}, status_code=400)
+        if not isinstance(batch, dict):
+            return JSONResponse({"error": "body must be a JSON object"}, status_code=422)
+        try:
+            answer = await store.aingest(batch)
         except IngestError as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
         return JSONResponse(answer)

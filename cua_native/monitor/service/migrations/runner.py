@@ -21,9 +21,19 @@ def alembic_config(engine: Engine) -> Config:
 def upgrade_to_head(engine: Engine) -> None:
     """Bring the database at ``engine`` to the newest schema revision."""
     config = alembic_config(engine)
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:  # batch migrations copy tables; SQLite checks foreign keys only when on
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        try:
+            with connection.begin():
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        finally:
+            if sqlite:
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
 
 
 def current_revision(engine: Engine) -> str | None:

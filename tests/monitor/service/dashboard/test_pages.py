@@ -100,8 +100,9 @@ def test_token_guards_pages_and_sets_cookie(
     client = client_for(store)
     assert client.get("/").status_code == 401
     assert client.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    first = client.get(f"/?token={TOKEN}")
-    assert first.status_code == 200 and "cua_monitor_token" in first.headers["set-cookie"]
+    first = client.get(f"/trainings/1?token={TOKEN}&x=1", follow_redirects=False)
+    assert first.status_code == 303 and "cua_monitor_token" in first.headers["set-cookie"]
+    assert first.headers["location"] == "/trainings/1?x=1"  # the token leaves the address
     assert client.get("/").status_code == 200  # the cookie now authorizes
 
 

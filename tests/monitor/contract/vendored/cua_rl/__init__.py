@@ -1,0 +1,1 @@
+"""CUA RL utilities (genv, gbox-mini-agent, task loading, monitor). No tinker dependency."""

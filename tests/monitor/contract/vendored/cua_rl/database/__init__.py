@@ -1,0 +1,1 @@
+"""Training Monitor ingest client, context, rollout recorder."""

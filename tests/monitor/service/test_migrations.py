@@ -1,0 +1,112 @@
+"""Migration 0002 upgrades a database written under 0001 (SQLite and PostgreSQL) without
+losing a row, and the upgraded database takes the existing client's records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from sqlalchemy import text
+
+from cua_native.monitor.service.migrations.runner import (
+    alembic_config,
+    current_revision,
+    upgrade_to_head,
+)
+from cua_native.monitor.service.store import MonitorStore, make_engine
+
+
+def _at_0001(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        config = alembic_config(engine)
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+        with engine.begin() as c:
+            c.execute(
+                text(
+                    "INSERT INTO training (id, run_name, log_path, model_name, status) "
+                    "VALUES (1, 'old-run', '/runs/old', 'm', 'completed')"
+                )
+            )
+            c.execute(
+                text("INSERT INTO task (id, task_id, name, description) VALUES (1, 't', 'T', 'd')")
+            )
+            c.execute(
+                text(
+                    "INSERT INTO step (id, training_id, step, status) VALUES (1, 1, 0, 'completed')"
+                )
+            )
+            c.execute(
+                text(
+                    "INSERT INTO rollout (id, source_type, step_id, rollout_id, task_id, model_path,"
+                    " status, reward) VALUES (1, 'step', 1, 'r-old', 1, 'm', 'completed', 0.5)"
+                )
+            )
+            c.execute(
+                text(
+                    "INSERT INTO environment (id, rollout_id, env_type, status) "
+                    "VALUES (1, 1, 'sim', 'terminated')"
+                )
+            )
+        if engine.dialect.name == "postgresql":
+            with engine.begin() as c:
+                for table in ("training", "task", "step", "rollout", "environment"):
+                    c.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"))
+    finally:
+        engine.dispose()
+
+
+def test_0002_upgrades_a_populated_database(db_url: str, tmp_path: Path) -> None:
+    _at_0001(db_url)
+    engine = make_engine(db_url)
+    try:
+        assert current_revision(engine) == "0001"
+        upgrade_to_head(engine)
+        assert current_revision(engine) == "0002"
+        with engine.connect() as c:
+            old = c.execute(
+                text("SELECT reward, env_id FROM rollout WHERE rollout_id='r-old'")
+            ).one()
+            assert tuple(old) == (0.5, None)
+            assert c.execute(text("SELECT rollout_id FROM environment")).scalar_one() == 1
+    finally:
+        engine.dispose()
+    store = MonitorStore.open(db_url, run_dir=tmp_path / "run")
+    try:
+        answer = store.ingest(
+            {
+                "environments": [{"client_id": "new:env", "env_type": "genv", "status": "created"}],
+            }
+        )
+        env_id = answer["environments"][0]["id"]
+        answer = store.ingest(
+            {
+                "rollouts": [
+                    {
+                        "client_id": "new",
+                        "rollout_id": "new",
+                        "source_type": "step",
+                        "step_id": 1,
+                        "env_id": env_id,
+                        "task_id": 1,
+                        "model_path": "m",
+                        "group_num": 2,
+                        "gbox_run_id": "run-1",
+                        "trajectory_data_json": '{"turns": []}',
+                    }
+                ],
+                "actions": [],
+            }
+        )
+        with store.session() as session:
+            row = session.execute(
+                text(
+                    'SELECT e.rollout_id, r."group", r.gbox_run_id FROM environment e '
+                    "JOIN rollout r ON r.env_id = e.id WHERE r.rollout_id = 'new'"
+                )
+            ).one()
+        assert tuple(row) == (answer["rollouts"][0]["id"], 2, "run-1")
+    finally:
+        store.close()
