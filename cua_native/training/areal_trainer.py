@@ -31,7 +31,7 @@ from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
 from cua_native.monitor.client.lifecycle import TrainingMonitor
-from cua_native.training.step_stats import eval_results, step_row_stats
+from cua_native.training.step_stats import eval_results
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class CUAPPOTrainer(PPOTrainer):
         if getattr(self, "_eval_ran", False) and self._eval_due == global_step:
             self._monitor.eval_finished(global_step, **eval_results(stats))
             self._eval_ran = False
-        self._monitor.step_finished(global_step, step_row_stats(stats))
+        self._monitor.step_finished(global_step, stats)  # AReaL names, mapped by the monitor
         total = self.config.total_train_steps
         if total is None or global_step + 1 < total:
             self._monitor.step_started(global_step + 1)
