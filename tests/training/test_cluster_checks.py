@@ -86,9 +86,16 @@ def test_offpolicy_zero_may_train_without_decoupled_loss() -> None:
     check_cluster_config(loaded)
 
 
+class _ImageProcessor:
+    def __init__(self) -> None:
+        self.size = {"shortest_edge": 4096, "longest_edge": 65536}
+
+
 class _Processor:
-    class image_processor:  # noqa: N801 - shaped like an HF image processor
-        size = {"shortest_edge": 4096, "longest_edge": 65536}
+    """Shaped like an HF processor: ``processor.image_processor.size``."""
+
+    def __init__(self) -> None:
+        self.image_processor = _ImageProcessor()
 
 
 @pytest.mark.parametrize(("max_pixels", "ok"), [(65536, True), (65537, False), (1024, False)])
