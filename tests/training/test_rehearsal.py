@@ -73,7 +73,7 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
         "select s.step, count(*) from rollout r join step s on r.step_id = s.id "
         "where r.source_type = 'step' group by s.step",
     )
-    assert {step for step, _ in linked} <= {0, 1} and linked, linked
+    assert {0, 1} <= {step for step, _ in linked} <= {0, 1, 2}, linked
     # AReaL's saver wrote the checkpoint of the last step
     assert list((run_dir / "areal").rglob("model.safetensors")) or list(
         (run_dir / "areal").rglob("*.safetensors")
