@@ -264,7 +264,15 @@ BASE_LAYER: dict[str, Any] = {
         "recompute_logprob": True,
         "use_decoupled_loss": False,
     },
-    "rollout": {"backend": "vllm:d1", "max_concurrent_rollouts": 8},
+    "rollout": {
+        "backend": "sglang:d1",
+        "max_concurrent_rollouts": 8,
+        # the cluster path's findings 2 and 3: groups per step, and the names under which
+        # running servers and disk weight updates are found
+        "consumer_batch_size": "${train_dataset.batch_size}",
+        "experiment_name": "${experiment_name}",
+        "trial_name": "${trial_name}",
+    },
     "gconfig": {"n_samples": 1},
     **{
         part: {

@@ -41,6 +41,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-warm-start", action="store_true", help="skip the supervised warm start"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="cluster configs: run the same AReaL PPOTrainer path on this machine with local "
+        "stand-ins (simulator gym, tiny or --model model, stand-in inference server); "
+        "prints what it changes; default 2 steps",
+    )
+    parser.add_argument("--dtype", help="--rehearse: the stand-in server's dtype")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
 
@@ -87,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cli_checks.BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.rehearse:
+        return _rehearse(args)
     from cua_native.config import ConfigError
 
     try:
@@ -125,6 +135,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 143 if "SIGTERM" in str(error) else 130
     print_report(report)
     return 0
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    """``--rehearse``: checks first (one line, exit 2), then the rehearsal."""
+    import os
+    from pathlib import Path
+
+    from cua_native.config import ConfigError, load_config
+    from cua_native.training.rehearsal import rehearse
+
+    if not args.config:
+        print("config error: --rehearse needs --config CONFIG (a cua.mode: areal config)",
+              file=sys.stderr)
+        return 2
+    device = args.device or "cpu"
+    steps = args.steps if args.steps is not None else 2
+    run_dir = Path(args.run_dir or f"runs/rehearsal-{Path(args.config).stem}")
+    if device == "cpu":
+        # AReaL torch.compiles helpers; on CPU compiling costs more than it saves (workers
+        # inherit the environment)
+        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+        # AReaL gives each worker 8 BLAS threads unless the environment says otherwise
+        cores = str(max(1, len(os.sched_getaffinity(0))))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(var, cores)
+    try:
+        loaded = load_config(args.config, list(args.overrides))
+        if loaded.cua.mode != "areal":
+            raise ConfigError("config error: cua.mode: --rehearse rehearses cluster configs "
+                              f"(cua.mode: areal), got {loaded.cua.mode!r}")
+        return rehearse(args.config, list(args.overrides), steps=steps, run_dir=run_dir,
+                        model=args.model, device=device, dtype=args.dtype)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ class GymConfig(BaseModel):
     """The gym server (``http`` and ``adb``)."""
     gym_id: str = "sim"
     seed: int = 0
+    allowed_media_domains: list[str] = Field(default_factory=list)
+    """Hosts screenshot URLs may come from (presigned object-store links); the one allow-list
+    of a run: the gym client, the prompt builder's HTTP client and vLLM all get it."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the gym client constructor (timeouts, allow-lists); checked
     against the kind's client at load. ``null`` means none (drops options a lower config layer
@@ -99,7 +102,8 @@ def _client_options(kind: str) -> set[str]:
     if kind == "sim":
         from cua_native.gym.sim import SimGym
 
-        client, fixed = SimGym, {"self", "seed"}
+        client: type[Any] = SimGym
+        fixed = {"self", "seed"}
     else:
         from cua_native.gym.http import HttpGym
 

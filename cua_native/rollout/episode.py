@@ -27,6 +27,7 @@ from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
 from cua_native.rollout.agent import Agent, feedback_for
 from cua_native.rollout.cpu_pool import WORK_RANK, ranked
+from cua_native.rollout.pause_clock import clock_timeout
 from cua_native.rollout.records import (
     EndReason,
     EpisodeContext,
@@ -368,6 +369,7 @@ class Episode:
             reason=EndReason.GENERATE,
             limit=self.deadline.budget(self.config.turn_timeout_s),
             out_of_time=self.deadline.expired,
+            clock=self.deadline.clock,
         )
         if response.stop_reason == "abort":
             raise InfraFailure(EndReason.GENERATE, "the engine aborted the request")
@@ -393,14 +395,16 @@ async def _guarded(
     reason: EndReason,
     limit: float,
     out_of_time: Callable[[], bool] | None = None,
+    clock: Clock | None = None,
 ) -> T:
     """Await a gym, builder or engine call under a timeout; failures become
-    ``InfraFailure(reason)``.
+    ``InfraFailure(reason)``. With ``clock``, ``limit`` is measured on it (the episode's
+    ``PauseClock``: time the trainer holds the rollout paused does not count).
 
     A timeout that fires because the episode's own budget ran out (``out_of_time()``) is the
     agent's time limit, not a failing environment: it raises ``_OutOfTime`` instead."""
     try:
-        async with asyncio.timeout(limit):
+        async with asyncio.timeout(limit) if clock is None else clock_timeout(limit, clock):
             return await call
     except TimeoutError as error:
         if out_of_time is not None and out_of_time():

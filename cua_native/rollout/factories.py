@@ -66,7 +66,10 @@ def make_gym(config: GymConfig) -> Gym:
         raise ValueError(f"gym.kind '{config.kind}' needs gym.base_url")
     from cua_native.gym.http import HttpGym
 
-    server = HttpGym(config.base_url, config.gym_id, **config.options)
+    options = dict(config.options)
+    if config.allowed_media_domains:
+        options.setdefault("allowed_media_domains", tuple(config.allowed_media_domains))
+    server = HttpGym(config.base_url, config.gym_id, **options)
     if config.kind == "http":
         return server
     from cua_native.gym.adb import AdbGym
@@ -79,6 +82,24 @@ def make_gym(config: GymConfig) -> Gym:
         app_packages=dict(adb.app_packages),
         adb_keyboard=adb.keyboard,
     )
+
+
+def model_dtype(model_path: str | Path) -> Any:
+    """The dtype the model's ``config.json`` declares (``dtype`` or ``torch_dtype``), as a
+    ``torch.dtype``; ``None`` when it declares none."""
+    import json
+
+    import torch
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("dtype") or config.get("torch_dtype") or (
+        config.get("text_config") or {}
+    ).get("dtype")
+    value = getattr(torch, str(text), None) if text else None
+    return value if isinstance(value, torch.dtype) else None
 
 
 def load_processor(model_path: str | Path) -> Any:

@@ -133,6 +133,57 @@ def _row(values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(values).reshape(1, -1)
 
 
+def episode_multi_modal_inputs(
+    pixels: Sequence[PromptPixels], dtype: torch.dtype | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """Each turn's ``multi_modal_input`` with every distinct screenshot of the episode stored
+    once, in ``dtype`` (the model's; ``None`` keeps the processor's float32).
+
+    The episode's distinct images (the same ``ImageFeatures`` object is the same screenshot)
+    are copied once into one tensor, in order of first use; a turn's ``pixel_values`` is then a
+    view of the rows of its images, which a history window of the latest screenshots always
+    finds consecutive. Only a turn whose images are not consecutive there gets its own copy.
+    Without this every turn carried its whole window: 3 copies of each screenshot with a
+    3-image history, in float32 (``bench/rows.py``)."""
+    index: dict[int, int] = {}
+    distinct: list[Any] = []
+    for prompt in pixels:
+        for feature in prompt.features if prompt.given is None else ():
+            if id(feature) not in index:
+                index[id(feature)] = len(distinct)
+                distinct.append(feature)
+    store: torch.Tensor | None = None
+    bounds = [0]
+    if distinct:
+        first = distinct[0].pixel_values
+        for feature in distinct:
+            bounds.append(bounds[-1] + int(feature.pixel_values.shape[0]))
+        store = torch.empty(
+            (bounds[-1], first.shape[1]), dtype=dtype or first.dtype, device=first.device
+        )
+        for i, feature in enumerate(distinct):
+            store[bounds[i] : bounds[i + 1]].copy_(feature.pixel_values)
+    out: list[dict[str, torch.Tensor]] = []
+    for prompt in pixels:
+        if prompt.given is not None or not prompt.features:
+            tensors = prompt.tensors()
+            if dtype is not None and "pixel_values" in tensors:
+                tensors["pixel_values"] = tensors["pixel_values"].to(dtype)
+            out.append(tensors)
+            continue
+        assert store is not None
+        ids = [index[id(f)] for f in prompt.features]
+        if ids == list(range(ids[0], ids[0] + len(ids))):
+            values = store[bounds[ids[0]] : bounds[ids[-1] + 1]]
+        else:
+            values = torch.cat([store[bounds[i] : bounds[i + 1]] for i in ids])
+        grids = [f.image_grid_thw for f in prompt.features]
+        out.append(
+            {"pixel_values": values, "image_grid_thw": grids[0] if len(grids) == 1 else torch.cat(grids)}
+        )
+    return out
+
+
 def group_samples(
     runs: Sequence[EpisodeRun],
     tokens: VisionTokens,
@@ -140,13 +191,20 @@ def group_samples(
     gamma: float,
     normalize: bool,
     eps: float,
+    pixel_dtype: torch.dtype | None = None,
 ) -> dict[str, Any] | None:
-    """All turns of a group's completed episodes as one padded AReaL tensor dict."""
+    """All turns of a group's completed episodes as one padded AReaL tensor dict; each
+    episode's screenshots stored once (``episode_multi_modal_inputs``) in ``pixel_dtype``."""
     attributed = attribute_rewards(runs, gamma=gamma, normalize=normalize, eps=eps)
     rows = [
         turn_sample(turn, mm, reward, tokens)
         for run, rewards in zip(runs, attributed, strict=True)
-        for turn, mm, reward in zip(run.record.turns, run.prompt_pixels, rewards, strict=True)
+        for turn, mm, reward in zip(
+            run.record.turns,
+            episode_multi_modal_inputs(run.prompt_pixels, pixel_dtype),
+            rewards,
+            strict=True,
+        )
     ]
     if not rows:
         return None

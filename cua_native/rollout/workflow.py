@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from areal import workflow_context
 from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import stats_tracker
@@ -34,8 +36,16 @@ from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig
 from cua_native.rollout.episode import Engine, EpisodeRun, run_with_retry
-from cua_native.rollout.factories import load_processor, make_agent, make_gym, resolve_model_path
+from cua_native.rollout.factories import (
+    load_processor,
+    make_agent,
+    make_gym,
+    model_dtype,
+    resolve_model_path,
+)
+from cua_native.rollout.pause_clock import PauseClock, engine_pause_probe
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.shared import PROCESS_RESOURCES
 from cua_native.rollout.trajectory import VisionTokens, group_samples
 
 logger = logging.getLogger(__name__)
@@ -66,6 +76,38 @@ class _Resources:
     agent: Agent
     tokens: VisionTokens
     observer: EpisodeObserver
+    pixel_dtype: torch.dtype | None = None
+    """The model's dtype: training rows carry pixels in it (half of float32 for bf16)."""
+    owns_observer: bool = False
+    clocks: dict[int, PauseClock] = field(default_factory=dict)
+
+    def clock_for(self, engine: Any) -> Callable[[], float]:
+        """The episodes' clock for ``engine``: it stands still while the trainer holds the
+        engine's rollout paused (``PauseClock``); plain monotonic time for engines never paused."""
+        probe = engine_pause_probe(engine)
+        if probe is None:
+            return time.monotonic
+        clock = self.clocks.get(id(engine))
+        if clock is None:
+            clock = self.clocks[id(engine)] = PauseClock(probe)
+        clock.start()
+        return clock
+
+    async def aclose(self) -> None:
+        """Stop the clocks, close the gym client and the recorder this set created."""
+        for clock in self.clocks.values():
+            await clock.aclose()
+        self.clocks.clear()
+        if self.owns_gym:
+            await self.gym.aclose()
+        if self.owns_observer:
+            await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """What can be closed without the event loop: the recorder's thread."""
+        close = getattr(self.observer, "close_in_thread", None)
+        if self.owns_observer and callable(close):
+            close()
 
 
 class CUAAgentWorkflow(RolloutWorkflow):
@@ -95,6 +137,14 @@ class CUAAgentWorkflow(RolloutWorkflow):
         self._setup: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Resources]] | None = None
 
     async def _resources(self) -> _Resources:
+        if self._given_gym is None and self._given_processor is None and self._given_observer is None:
+            # built from serializable kwargs (AReaL's workers): one set per process and loop
+            key = (self.config.model_dump_json(), self.observer_factory)
+            loop = asyncio.get_running_loop()
+            resources: _Resources = await PROCESS_RESOURCES.get(
+                key, lambda: self._create_resources(loop)
+            )
+            return resources
         loop = asyncio.get_running_loop()
         if self._setup is None or self._setup[0] is not loop:
             self._setup = (loop, loop.create_task(self._create_resources(loop)))
@@ -108,8 +158,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
 
     async def _create_resources(self, loop: asyncio.AbstractEventLoop) -> _Resources:
         processor = self._given_processor
+        model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
         if processor is None:
-            model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
             processor = await asyncio.to_thread(load_processor, model_path)
         agent = make_agent(self.config, processor)
         observer = self._given_observer
@@ -123,6 +173,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
             agent=agent,
             tokens=VisionTokens.from_tokenizer(agent.tokenizer),
             observer=observer or NullObserver(),
+            pixel_dtype=model_dtype(model_path),
+            owns_observer=self._given_observer is None and observer is not None,
         )
 
     async def aclose(self) -> None:
@@ -130,8 +182,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
         setup, self._setup = self._setup, None
         if setup is None or setup[0] is not asyncio.get_running_loop() or not setup[1].done():
             return
-        if setup[1].exception() is None and setup[1].result().owns_gym:
-            await setup[1].result().gym.aclose()
+        if setup[1].exception() is None:
+            await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
         resources = await self._resources()
@@ -151,10 +203,21 @@ class CUAAgentWorkflow(RolloutWorkflow):
             gamma=config.turn_discount,
             normalize=config.group_reward_norm,
             eps=config.reward_norm_eps,
+            pixel_dtype=resources.pixel_dtype,
         )
         if samples is None:
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
         return samples
+
+    def _step_of(self, version: int) -> int | None:
+        """Training rollouts belong to the step whose weights made them (version N = after N
+        updates = step N); AReaL evaluates step N after its update (version N + 1); the
+        baseline belongs to no step."""
+        if self.source == "step":
+            return version
+        if self.source == "eval":
+            return max(version - 1, 0)
+        return None
 
     async def run_group(
         self, engine: Engine, task: Task, resources: _Resources, data: dict[str, Any]
@@ -175,7 +238,9 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     group_id=group_id,
                     attempt=attempt,
                     source=self.source,
-                    step=data.get("global_step"),
+                    # AReaL's rows carry no step: the step whose weights generate this
+                    # episode is the engine's version (step N's update sets version N + 1)
+                    step=data.get("global_step", self._step_of(version)),
                     model_version=version,
                     meta={"index_in_group": index},
                 )
@@ -192,6 +257,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     make_context=context_factory(index),
                     observer=resources.observer,
                     on_reject=on_reject,
+                    clock=resources.clock_for(engine),
                 )
             ): index
             for index in range(self.config.group_size)

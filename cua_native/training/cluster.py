@@ -1,12 +1,15 @@
 """The cluster path: AReaL's ``PPOTrainer`` (GRPO) with the CUA workflow.
 
-``plan_cluster_run`` does everything that needs no GPU — task loading from the gym server, the
-train/eval datasets, the workflow's serializable kwargs, the vLLM command AReaL will launch —
-so it is tested on CPU; ``run_cluster`` hands the plan to ``PPOTrainer``, which starts AReaL's
-scheduler (local, Ray or Slurm), the inference servers and the FSDP/Megatron actor.
+``plan_cluster_run`` does everything that needs no GPU — the load-time checks
+(``cua_native.training.checks``), task loading from the gym server, the train/eval datasets,
+the workflow's serializable kwargs, the workers' environment — so it is tested on CPU;
+``run_cluster`` hands the plan to ``CUAPPOTrainer``, which starts AReaL's scheduler (local, Ray
+or Slurm), the inference servers (or attaches to running ones) and the FSDP actor.
 
 Rollout workers build their own recorder from the environment (``CUA_MONITOR_*``, see
-``cua_native.monitor.client.worker``), since live objects do not cross process boundaries.
+``cua_native.monitor.client.worker``), since live objects do not cross process boundaries. The
+environment reaches them through AReaL's scheduling specs (``env_vars``), which the local, Ray
+and Slurm schedulers all apply to the workers they start.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cua_native.config import ConfigError, LoadedConfig
+from cua_native.monitor.client.lifecycle import RUN_NAME_ENV
+from cua_native.training.checks import backend_name, check_cluster_config, check_pixel_budget
 
-WORKFLOW_PATH = "cua_native.rollout.workflow.CUAAgentWorkflow"
+WORKFLOW_PATH = "cua_native.workflow.CUAAgentWorkflow"
 WORKER_OBSERVER = "cua_native.monitor.client.worker.observer_from_env"
 
 
@@ -28,27 +33,8 @@ class ClusterPlan:
     eval_rows: list[dict[str, Any]]
     workflow_kwargs: dict[str, Any]
     eval_workflow_kwargs: dict[str, Any]
-    vllm_command: list[str]
+    baseline_workflow_kwargs: dict[str, Any]
     worker_env: dict[str, str]
-
-
-def _check(loaded: LoadedConfig) -> None:
-    areal, cua = loaded.areal, loaded.cua
-    if not areal.actor.path:
-        raise ConfigError(
-            "config error: actor.path must name the model to train (a local directory or a "
-            "Hugging Face id already in the cluster's cache)"
-        )
-    if cua.agent.gym.kind not in ("http", "adb") or not cua.agent.gym.base_url:
-        raise ConfigError(
-            "config error: cua.agent.gym must be kind 'http' or 'adb' with a base_url in "
-            "cua.mode 'areal'"
-        )
-    backend = areal.rollout.backend.split(":", 1)[0]
-    if backend not in {"vllm", "sglang"}:
-        raise ConfigError(
-            f"config error: rollout.backend must start with 'vllm:' or 'sglang:' (got {areal.rollout.backend!r})"
-        )
 
 
 async def _rows(loaded: LoadedConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -63,18 +49,25 @@ async def _rows(loaded: LoadedConfig) -> tuple[list[dict[str, Any]], list[dict[s
     finally:
         await gym.aclose()
     gym_id = cua.agent.gym.gym_id
-    return [task_row(t, gym_id) for t in train], [task_row(t, gym_id) for t in evals]
+    rows = [task_row(t, gym_id) for t in evals for _ in range(cua.eval_episodes_per_task)]
+    return [task_row(t, gym_id) for t in train], rows
+
+
+def run_name(loaded: LoadedConfig) -> str:
+    """The name the trainer's and the workers' recorders share (the run directory's name)."""
+    return loaded.cua.run_dir.resolve().name
 
 
 def worker_env(loaded: LoadedConfig) -> dict[str, str]:
     """What rollout workers need to record episodes, and the allocator settings of
-    ``runtime.tune_allocator`` (glibc reads them at process start), inherited through the
-    scheduler. Settings already in the environment win."""
+    ``runtime.tune_allocator`` (glibc reads them at process start). Settings already in the
+    environment win."""
     from cua_native.rollout.runtime import ALLOCATOR_ENV
 
     cua = loaded.cua
     env = {k: os.environ.get(k, v) for k, v in ALLOCATOR_ENV.items()}
     env["CUA_RUN_DIR"] = str(cua.run_dir.resolve())
+    env[RUN_NAME_ENV] = run_name(loaded)
     if cua.monitor_url:
         env["CUA_MONITOR_URL"] = cua.monitor_url
     db = cua.monitor_db_url()
@@ -86,45 +79,115 @@ def worker_env(loaded: LoadedConfig) -> dict[str, str]:
     return env
 
 
-def plan_cluster_run(loaded: LoadedConfig) -> ClusterPlan:
-    from areal.api.cli_args import vLLMConfig
+def apply_worker_env(loaded: LoadedConfig, env: dict[str, str]) -> None:
+    """Put ``env`` in every scheduling spec of the actor and the rollout (AReaL's local, Ray and
+    Slurm schedulers start workers with their spec's ``env_vars``); a value the config
+    already sets there wins."""
+    for part in (loaded.areal.actor, loaded.areal.rollout):
+        for spec in part.scheduling_spec:
+            spec.env_vars = {**env, **dict(spec.env_vars)}
 
+
+def prepare_areal_config(loaded: LoadedConfig, eval_rows: list[dict[str, Any]]) -> None:
+    """Fill the AReaL fields the CUA run derives: the eval dataset (AReaL only builds its eval
+    loader when ``valid_dataset`` is set) and vLLM's media allow-list (the gym's)."""
+    from areal.api.cli_args import ValidDatasetConfig
+
+    areal = loaded.areal
+    if eval_rows and areal.valid_dataset is None:
+        areal.valid_dataset = ValidDatasetConfig(
+            path="gym-tasks", type="rl", batch_size=min(len(eval_rows), areal.train_dataset.batch_size)
+        )
+    if backend_name(loaded) == "vllm":
+        areal.vllm.allowed_media_domains = list(loaded.cua.agent.gym.allowed_media_domains)
+
+
+def plan_cluster_run(loaded: LoadedConfig, processor: Any = None) -> ClusterPlan:
+    """Checks (config, then the pixel budget against the model's processor), tasks, kwargs."""
+    from cua_native.rollout.factories import load_processor
     from cua_native.rollout.workflow import workflow_kwargs
 
-    _check(loaded)
+    check_cluster_config(loaded)
+    if processor is None:
+        try:
+            processor = load_processor(loaded.areal.actor.path)
+        except OSError as e:
+            raise ConfigError(f"config error: actor.path: cannot load its processor ({e})") from None
+    check_pixel_budget(loaded, processor)
     agent = loaded.cua.agent.model_copy(update={"model_path": loaded.areal.actor.path})
     train_rows, eval_rows = asyncio.run(_rows(loaded))
     if not train_rows:
-        raise ConfigError(
-            "config error: cua.tasks selected no tasks from the gym; loosen its filters"
-        )
+        raise ConfigError("config error: cua.tasks: selected no tasks from the gym; loosen its filters")
+    prepare_areal_config(loaded, eval_rows)
+
+    eval_agent = agent.model_copy(update={"group_size": loaded.cua.eval_episodes_per_task})
+
+    def kwargs(source: str) -> dict[str, Any]:
+        played = agent if source == "step" else eval_agent
+        return workflow_kwargs(played, source=source, observer_factory=WORKER_OBSERVER)
+
     return ClusterPlan(
         train_rows=train_rows,
         eval_rows=eval_rows,
-        workflow_kwargs=workflow_kwargs(agent, source="step", observer_factory=WORKER_OBSERVER),
-        eval_workflow_kwargs=workflow_kwargs(
-            agent.model_copy(update={"group_size": loaded.cua.eval_episodes_per_task}),
-            source="eval",
-            observer_factory=WORKER_OBSERVER,
-        ),
-        vllm_command=vLLMConfig.build_cmd(loaded.areal.vllm, tp_size=1, pp_size=1),
+        workflow_kwargs=kwargs("step"),
+        eval_workflow_kwargs=kwargs("eval"),
+        baseline_workflow_kwargs=kwargs("baseline"),
         worker_env=worker_env(loaded),
     )
 
 
-def run_cluster(loaded: LoadedConfig) -> None:
-    """Train with AReaL's PPOTrainer. Needs GPUs and vLLM or SGLang on the cluster."""
+def make_monitor(loaded: LoadedConfig, plan: ClusterPlan) -> Any:
+    """The trainer process's ``TrainingMonitor`` (``None`` without a store or monitor URL)."""
+    cua = loaded.cua
+    db, url = cua.monitor_db_url(), cua.monitor_url
+    if not db and not url:
+        return None
+    from cua_native.monitor.client.lifecycle import TrainingMonitor
+    from cua_native.monitor.client.recorder import recorder_from_config
+
+    token = cua.monitor_token or os.environ.get("CUA_MONITOR_TOKEN")
+    recorder = recorder_from_config(db, url, token, cua.run_dir, run_name=run_name(loaded))
+    recorder.start_in_thread()
+    areal = loaded.areal
+    return TrainingMonitor(
+        recorder,
+        model_name=str(areal.actor.path),
+        config={"cua": cua.model_dump(mode="json"), "backend": areal.rollout.backend},
+        total_steps=areal.total_train_steps,
+        experiment=areal.experiment_name,
+        trial=areal.trial_name,
+    )
+
+
+def run_cluster(loaded: LoadedConfig, *, attach: list[str] | None = None) -> None:
+    """Train with AReaL's PPOTrainer (``CUAPPOTrainer``). ``attach``: running inference servers
+    (``host:port``; default ``AREAL_LLM_SERVER_ADDRS``) instead of launching them."""
     import datasets
-    from areal.trainer import PPOTrainer
+
+    from cua_native.training.areal_trainer import CUAPPOTrainer
 
     plan = plan_cluster_run(loaded)
     os.environ.update(plan.worker_env)
+    apply_worker_env(loaded, plan.worker_env)
     train = datasets.Dataset.from_list(plan.train_rows)
     valid = datasets.Dataset.from_list(plan.eval_rows) if plan.eval_rows else None
-    with PPOTrainer(loaded.areal, train_dataset=train, valid_dataset=valid) as trainer:
-        trainer.train(
-            workflow=WORKFLOW_PATH,
-            workflow_kwargs=plan.workflow_kwargs,
-            eval_workflow=WORKFLOW_PATH if valid is not None else None,
-            eval_workflow_kwargs=plan.eval_workflow_kwargs if valid is not None else None,
-        )
+    monitor = make_monitor(loaded, plan)
+    try:
+        with CUAPPOTrainer(
+            loaded.areal,
+            train_dataset=train,
+            valid_dataset=valid,
+            attach=attach or (),
+            monitor=monitor,
+            baseline=loaded.cua.baseline,
+        ) as trainer:
+            trainer.train(
+                workflow=WORKFLOW_PATH,
+                workflow_kwargs=plan.workflow_kwargs,
+                eval_workflow=WORKFLOW_PATH if valid is not None else None,
+                eval_workflow_kwargs=plan.eval_workflow_kwargs if valid is not None else None,
+                baseline_workflow_kwargs=plan.baseline_workflow_kwargs,
+            )
+    finally:
+        if monitor is not None:
+            monitor.recorder.close_in_thread()

@@ -29,8 +29,11 @@ def test_every_shipped_config_validates(path: Path) -> None:
     assert loaded.cua.agent.family in {"mai_ui", "qwen3_vl"}
     if loaded.cua.mode == "areal":
         assert loaded.cua.agent.gym.kind == "http"
-        assert loaded.areal.vllm.max_model_len == 262144
-        assert loaded.areal.vllm.allowed_media_domains
+        assert loaded.cua.agent.gym.allowed_media_domains  # copied to vLLM by the cluster plan
+        if loaded.areal.rollout.backend.startswith("vllm"):
+            assert loaded.areal.vllm.max_model_len == 262144
+        else:
+            assert loaded.areal.sglang.context_length == 262144
 
 
 def test_shipped_configs_cover_the_families_and_tools() -> None:
@@ -89,7 +92,10 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_vllm_command_carries_the_cua_server_settings() -> None:
-    loaded = load_config(CONFIGS[0].parent / "mai_ui_android.yaml")
+    from cua_native.training.cluster import prepare_areal_config
+
+    loaded = load_config(CONFIGS[0].parent / "qwen3_vl_android_vllm.yaml")
+    prepare_areal_config(loaded, [])  # copies the gym's allow-list to vLLM
     cmd = vLLMConfig.build_cmd(loaded.areal.vllm, tp_size=1, pp_size=1)
     joined = " ".join(cmd)
     assert "--max-model-len 262144" in joined

@@ -1,0 +1,237 @@
+"""``python -m cua_native.train --config CONFIG --rehearse``: the cluster run, on this machine.
+
+The same config and the same AReaL code path — ``PPOTrainer`` (``CUAPPOTrainer``) with its
+local scheduler, rollout executor, AReaL's remote engine client, the FSDP actor, weight updates,
+evals and checkpoints — with local stand-ins for the cluster's outside parts:
+
+- the gym: the simulator served over HTTP (``python -m cua_native.gym.server``) under the
+  config's ``gym_id``, screenshots rendered small;
+- the model: the tiny Qwen3-VL (``cua_native/models/tiny.py``) or ``--model``;
+- the inference server: ``python -m cua_native.engine.serve`` speaking the configured backend's
+  API (SGLang or vLLM) from the in-process engine; the trainer attaches to it.
+
+What it may change, and prints: the allocation (one local process each), the model, the gym,
+the sizes (tasks per step, group, turns, tokens) and, on CPU, an NCCL (``xccl``) weight update
+becomes ``disk`` and flash attention becomes ``sdpa`` (then one sequence per micro-batch).
+What it keeps: the backend, the family/dialect and prompts, the pixel-budget rules (``max_pixels``
+is clamped into the stand-in model's budget and checked like any other), the workflow and its
+kwargs, the weight-update mode on GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cua_native.config import LoadedConfig, load_config
+
+SIM_SCREENSHOT = "216x480"
+"""The simulated phone's screenshots (1080x2400 scaled by 1/5): ~100 image tokens each."""
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Rehearsal:
+    """The overrides rehearsal applies, each with the reason printed beside it."""
+
+    overrides: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    user_keys: frozenset[str] = frozenset()
+    """Fields the user overrode on the command line: theirs win, rehearsal leaves them."""
+
+    def set(self, key: str, value: object, why: str) -> None:
+        if key in self.user_keys:
+            return
+        shown = "null" if value is None else value
+        self.overrides.append(f"{key}={shown}")
+        self.reasons.append(f"  {key} = {shown}  ({why})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def plan_rehearsal(
+    loaded: LoadedConfig, *, steps: int, run_dir: Path, model: Path, device: str,
+    gym_url: str, processor_budget: int, gpus: int = 0, flash_attn: bool = False,
+    user_keys: frozenset[str] = frozenset(),
+) -> Rehearsal:
+    """The overrides that turn a cluster config into a rehearsal on this machine."""
+    areal, cua = loaded.areal, loaded.cua
+    backend = areal.rollout.backend.split(":", 1)[0]
+    r = Rehearsal(user_keys=user_keys)
+    r.set("cua.run_dir", run_dir, "--run-dir")
+    r.set("cua.monitor_db", "sqlite", "the lifecycle goes to RUN_DIR/monitor.db")
+    r.set("cua.monitor_url", None, "no remote monitor in a rehearsal")
+    for key in ("actor.path", "tokenizer_path", "cua.agent.model_path"):
+        r.set(key, model, "the stand-in model")
+    r.set("sglang.model_path" if backend == "sglang" else "vllm.model", model, "the stand-in model")
+    r.set("allocation_mode", "''", "one local process per role")
+    r.set("actor.backend", "fsdp:d1", "one local actor process")
+    r.set("rollout.backend", f"{backend}:d1", f"one local {backend} stand-in server")
+    r.set("scheduler.type", "local", "workers are local processes")
+    r.set("cluster.fileroot", run_dir / "areal", "checkpoints and disk weight updates in RUN_DIR")
+    r.set("cluster.name_resolve.type", "nfs", "a local name_resolve directory")
+    r.set("cluster.name_resolve.nfs_record_root", run_dir / "name_resolve", "in RUN_DIR")
+    if device == "cpu":
+        if areal.actor.weight_update_mode == "xccl":
+            r.set("actor.weight_update_mode", "disk", "NCCL (xccl) needs GPUs: disk on CPU")
+        if areal.actor.attn_impl != "sdpa":
+            r.set("actor.attn_impl", "sdpa", "flash attention needs a GPU; one sequence per micro-batch")
+        r.set("actor.dtype", "float32", "CPU")
+    else:
+        if areal.actor.weight_update_mode == "xccl" and gpus < 2:
+            r.set("actor.weight_update_mode", "disk",
+                  "one GPU holds both the server and the actor; NCCL needs two devices")
+        if areal.actor.attn_impl.startswith("flash_attention") and not flash_attn:
+            r.set("actor.attn_impl", "sdpa", "flash-attn is not installed; one sequence per micro-batch")
+    for key, value in (
+        # one step per epoch at least: AReaL stops after epochs x (tasks / batch) steps
+        ("total_train_steps", steps), ("total_train_epochs", steps),
+        ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
+        ("actor.ppo_n_minibatches", 1), ("saver.freq_steps", steps),
+        ("evaluator.freq_steps", 1 if cua.eval_tasks is not None else None),
+        ("cua.eval_every", 1 if cua.eval_tasks is not None else 0),
+        ("cua.tasks.limit", 4), ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
+        ("cua.agent.group_size", 2), ("cua.agent.max_turns", 2),
+        ("cua.agent.sampling.max_new_tokens", 16), ("gconfig.max_new_tokens", 16),
+        ("cua.agent.prompt.max_context_tokens", 8192),
+    ):
+        if key is not None and value is not None:
+            r.set(key, value, "sizes scaled down")
+    configured = cua.agent.prompt.get("max_pixels")
+    if configured is None or int(configured) > processor_budget:
+        r.set("cua.agent.prompt.max_pixels", processor_budget,
+              "the stand-in model processor's budget (kept inside it, as the check demands)")
+    r.set("cua.agent.gym.base_url", gym_url, "the simulator over HTTP")
+    r.set("recover.mode", "disabled", "a rehearsal starts fresh")
+    return r
+
+
+def _watch_ready(process: subprocess.Popen[str], marker: str, name: str, log: Path) -> None:
+    """Wait until ``process`` prints a line containing ``marker``; the rest goes to ``log``."""
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        with log.open("a") as out:
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+                if marker in line:
+                    ready.set()
+
+    threading.Thread(target=pump, name=f"{name}-log", daemon=True).start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.wait(1.0):
+        if process.poll() is not None:
+            time.sleep(0.5)  # let the pump write the last lines
+            tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+            raise RuntimeError(
+                f"{name} exited with {process.returncode} before it was ready; {log}:\n{tail}"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S:.0f} s; see {log}")
+
+
+@contextlib.contextmanager
+def _process(
+    cmd: list[str], marker: str, name: str, log: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[None]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        _watch_ready(process, marker, name, log)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def rehearse(
+    config_path: str, overrides: list[str], *, steps: int, run_dir: Path,
+    model: str | None, device: str, dtype: str | None = None,
+) -> int:
+    """Rehearse ``config_path``; returns the exit code (0 after ``steps`` steps)."""
+    from cua_native.rollout.factories import load_processor, tiny_model_dir
+    from cua_native.training.checks import pixel_budget
+    from cua_native.training.cluster import run_cluster
+
+    run_dir = run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("areal", "name_resolve", "logs"):
+        (run_dir / sub).mkdir(exist_ok=True)
+    from cua_native.training.checks import check_cluster_config
+
+    loaded = load_config(config_path, overrides)
+    check_cluster_config(loaded)  # the config as it would run on the cluster
+    model_dir = Path(model) if model else tiny_model_dir()
+    budget = pixel_budget(load_processor(model_dir))[1]
+    gpus, server_env = 0, {}
+    if device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus >= 2:  # the server on the last GPU, the actor on the first
+            server_env = {"CUDA_VISIBLE_DEVICES": str(gpus - 1)}
+            os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    flash_attn = importlib.util.find_spec("flash_attn") is not None
+    gym_port, server_port = free_port(), free_port()
+    gym_url = f"http://127.0.0.1:{gym_port}"
+    plan = plan_rehearsal(
+        loaded, steps=steps, run_dir=run_dir, model=model_dir.resolve(), device=device,
+        gym_url=gym_url, processor_budget=budget, gpus=gpus, flash_attn=flash_attn,
+        user_keys=frozenset(o.split("=", 1)[0] for o in overrides),
+    )
+    rehearsed = load_config(config_path, [*plan.overrides, *overrides])
+    check_cluster_config(rehearsed)
+    # the stand-in server is started here, not by AReaL: the rollout workers are clients only
+    for spec in rehearsed.areal.rollout.scheduling_spec:
+        spec.gpu = 0
+    actor_gpus = 1 if device != "cpu" else 0
+    for spec in rehearsed.areal.actor.scheduling_spec:
+        spec.gpu = actor_gpus
+    plan.reasons.append(f"  actor.scheduling_spec[*].gpu = {actor_gpus}, "
+                        "rollout.scheduling_spec[*].gpu = 0  (the rollout workers only attach)")
+    backend = rehearsed.areal.rollout.backend.split(":", 1)[0]
+    print(f"rehearsal of {config_path} on {device} ({backend}); changed:")
+    print("\n".join(plan.reasons))
+    print("kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs"
+          + ("" if device == "cpu" else ", weight-update mode"))
+    gym_cmd = [
+        sys.executable, "-m", "cua_native.gym.server", "--host", "127.0.0.1",
+        "--port", str(gym_port), "--gym-id", rehearsed.cua.agent.gym.gym_id, "--log-level", "info",
+        # on CPU small screenshots; on GPU the phone's own 1080x2400 at the real pixel budget
+        *(["--screenshot-size", SIM_SCREENSHOT] if device == "cpu" else []),
+    ]
+    serve_cmd = [
+        sys.executable, "-m", "cua_native.engine.serve", "--backend", backend,
+        "--model", str(model_dir.resolve()), "--host", "127.0.0.1", "--port", str(server_port),
+        "--device", device, *(["--dtype", dtype] if dtype else []),
+    ]
+    logs = run_dir / "logs"
+    with (
+        _process(gym_cmd, "Uvicorn running", "gym server", logs / "gym.log"),
+        _process(serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log",
+                 server_env),
+    ):
+        run_cluster(rehearsed, attach=[f"127.0.0.1:{server_port}"])
+    print(f"rehearsal done: {steps} steps; monitor lifecycle in {run_dir / 'monitor.db'}")
+    return 0
