@@ -32,16 +32,18 @@ def check_http_url(value: str, option: str) -> str:
 
 
 def check_run_dir(value: str | Path, option: str = "--run-dir") -> Path:
-    """A directory that exists (created here, with its parents) and can be written."""
+    """A directory, or a path one can be created at: nothing is created here (a run that stops
+    on a later check leaves no trace)."""
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise BadInput(f"{option}: {str(path)!r} is a file, not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise BadInput(f"{option}: cannot create {str(path)!r}: {error.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise BadInput(f"{option}: cannot write in {str(path)!r}")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInput(f"{option}: cannot create {str(path)!r}: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK) or str(existing).startswith("/proc"):
+        raise BadInput(f"{option}: cannot create {str(path)!r}: {str(existing)!r} is not writable")
     return path
 
 
