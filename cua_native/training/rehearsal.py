@@ -105,7 +105,7 @@ def plan_rehearsal(
         ("cua.eval_every", 1 if cua.eval_tasks is not None else 0),
         ("cua.tasks.limit", 4), ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
         ("cua.agent.group_size", 2), ("cua.agent.max_turns", 2),
-        ("cua.agent.sampling.max_new_tokens", 16), ("gconfig.max_new_tokens", 16),
+        ("cua.agent.sampling.max_new_tokens", 16),  # gconfig follows (derived)
         ("cua.agent.prompt.max_context_tokens", 8192),
     ):
         if key is not None and value is not None:

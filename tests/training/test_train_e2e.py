@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -128,7 +129,9 @@ def sim_server() -> str:
         proc.wait(timeout=30)
 
 
-def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path) -> None:
+def test_cluster_plan_against_a_real_gym_server(
+    sim_server: str, tmp_path: Path, processor: Any
+) -> None:
     loaded = load_config(
         ROOT / "configs" / "mai_ui_android.yaml",
         [
@@ -138,7 +141,8 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
             "actor.path=/models/MAI-UI-8B",
         ],
     )
-    plan = plan_cluster_run(loaded)
+    # the pixel budget is checked against the model's processor (the tiny model's stands in)
+    plan = plan_cluster_run(loaded, processor)
     assert len(plan.train_rows) + len(plan.eval_rows) == 33
     assert {r["gym_id"] for r in plan.train_rows} == {"sim"}
     assert (
@@ -152,7 +156,7 @@ def test_cluster_plan_against_a_real_gym_server(sim_server: str, tmp_path: Path)
     assert plan.worker_env["CUA_MONITOR_URL"] == loaded.cua.monitor_url
     assert plan.worker_env["MALLOC_TRIM_THRESHOLD_"].isdigit()
     assert plan.worker_env["MALLOC_ARENA_MAX"] == "1"
-    assert "--limit-mm-per-prompt" in plan.vllm_command
+    assert plan.baseline_workflow_kwargs["source"] == "baseline"
 
     from areal.utils.dynamic_import import import_from_string
 

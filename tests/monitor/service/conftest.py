@@ -19,9 +19,11 @@ from cua_native.monitor.service.store import MonitorStore, make_engine
 def _reset_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
+        # CASCADE, table by table: a database left by an older schema (other constraint names,
+        # other columns) is reset as surely as one at head
         with engine.begin() as connection:
-            Base.metadata.drop_all(connection)
-            connection.execute(text("DROP TABLE IF EXISTS alembic_version"))
+            for table in [*Base.metadata.tables, "alembic_version"]:
+                connection.execute(text(f'DROP TABLE IF EXISTS "{table}" CASCADE'))
     finally:
         engine.dispose()
 
