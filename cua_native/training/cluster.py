@@ -49,8 +49,9 @@ async def _rows(loaded: LoadedConfig) -> tuple[list[dict[str, Any]], list[dict[s
     finally:
         await gym.aclose()
     gym_id = cua.agent.gym.gym_id
-    rows = [task_row(t, gym_id) for t in evals for _ in range(cua.eval_episodes_per_task)]
-    return [task_row(t, gym_id) for t in train], rows
+    # one row per eval task: its group (the eval workflow's group_size) is
+    # cua.eval_episodes_per_task episodes
+    return [task_row(t, gym_id) for t in train], [task_row(t, gym_id) for t in evals]
 
 
 def run_name(loaded: LoadedConfig) -> str:

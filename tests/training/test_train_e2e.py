@@ -38,7 +38,6 @@ def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "cua.eval_every=2",
         "cua.tasks.limit=2",
         "cua.eval_tasks.limit=1",
-        "cua.eval_episodes_per_task=1",
         "train_dataset.batch_size=1",
         "saver.freq_steps=1",
         "cua.eval_episodes_per_task=3",
@@ -139,6 +138,8 @@ def test_cluster_plan_against_a_real_gym_server(
             "cua.agent.gym.gym_id=sim",
             f"cua.run_dir={tmp_path}",
             "actor.path=/models/MAI-UI-8B",
+            # the tiny processor's budget stands in for MAI-UI-8B's
+            "cua.agent.prompt.max_pixels=131072",
         ],
     )
     # the pixel budget is checked against the model's processor (the tiny model's stands in)
