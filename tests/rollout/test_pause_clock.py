@@ -63,7 +63,8 @@ def test_timeout_counts_only_running_time() -> None:
                 await asyncio.Event().wait()
         return loop.time() - start
 
-    assert asyncio.run(main()) >= 0.15
+    # 0.1 paused + 0.05 running; clock_timeout fires within 1 ms of the limit (its tolerance)
+    assert asyncio.run(main()) >= 0.15 - 1e-3
 
 
 class _Executor:
