@@ -116,7 +116,8 @@ class AgentConfig(BaseModel):
 
     Reward of an episode: ``R = evaluation.reward - format_penalty * parse_errors``. Turn ``t`` of
     ``T`` gets ``turn_discount ** (T - 1 - t) * A`` where ``A`` is ``R`` or, with
-    ``group_reward_norm`` (the default), ``(R - mean) / (std + eps)`` over the group's episodes.
+    ``group_reward_norm`` (the default), ``(R - mean) / (std + eps)`` over the group's episodes
+    (``"mean"``: ``R - mean``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -147,8 +148,10 @@ class AgentConfig(BaseModel):
     """Subtracted from the episode reward once per unparseable turn."""
     turn_discount: float = Field(0.9, gt=0.0, le=1.0)
     group_size: int = Field(4, ge=1)
-    group_reward_norm: bool = True
-    """Normalise rewards per episode inside the workflow (set AReaL's ``actor.reward_norm`` off)."""
+    group_reward_norm: bool | Literal["mean"] = True
+    """Normalise rewards per episode inside the workflow (set AReaL's ``actor.reward_norm`` off):
+    ``True`` ``(R - mean) / (std + eps)`` (GRPO), ``"mean"`` ``R - mean`` only (a reward
+    difference keeps its size: a format penalty stays small next to a success), ``False`` raw."""
     reward_norm_eps: float = Field(1e-6, gt=0.0)
     infra_retries: int = Field(1, ge=0)
     """Fresh-execution retries of an episode that failed for infrastructure reasons."""

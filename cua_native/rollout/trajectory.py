@@ -53,14 +53,19 @@ class VisionTokens:
         return cls(image_pad=int(image), video_pad=None if video in (None, unk) else int(video))
 
 
-def normalized_rewards(rewards: Sequence[float], eps: float) -> list[float]:
-    """Group-relative episode rewards: mean 0, unbiased std 1 (one episode gives 0)."""
+def normalized_rewards(
+    rewards: Sequence[float], eps: float, *, divide_std: bool = True
+) -> list[float]:
+    """Group-relative episode rewards: mean 0, unbiased std 1 (one episode gives 0); with
+    ``divide_std=False`` only the mean is subtracted."""
     n = len(rewards)
     if n == 0:
         return []
     mean = sum(rewards) / n
     if n == 1:
         return [0.0]
+    if not divide_std:
+        return [r - mean for r in rewards]
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))
     return [(r - mean) / (std + eps) for r in rewards]
 
@@ -71,11 +76,16 @@ def discounted(value: float, turns: int, gamma: float) -> list[float]:
 
 
 def attribute_rewards(
-    runs: Sequence[EpisodeRun], *, gamma: float, normalize: bool, eps: float
+    runs: Sequence[EpisodeRun], *, gamma: float, normalize: bool | str, eps: float
 ) -> list[list[float]]:
-    """Per-turn rewards of each episode; also written to ``TurnRecord.reward``."""
+    """Per-turn rewards of each episode; also written to ``TurnRecord.reward``. ``normalize``:
+    ``True`` mean and std, ``"mean"`` the mean only, ``False`` raw rewards."""
     episode_rewards = [run.record.reward for run in runs]
-    values = normalized_rewards(episode_rewards, eps) if normalize else episode_rewards
+    values = (
+        normalized_rewards(episode_rewards, eps, divide_std=normalize != "mean")
+        if normalize
+        else episode_rewards
+    )
     attributed: list[list[float]] = []
     for run, value in zip(runs, values, strict=True):
         per_turn = discounted(value, len(run.record.turns), gamma)
@@ -189,7 +199,7 @@ def group_samples(
     tokens: VisionTokens,
     *,
     gamma: float,
-    normalize: bool,
+    normalize: bool | str,
     eps: float,
     pixel_dtype: torch.dtype | None = None,
 ) -> dict[str, Any] | None:

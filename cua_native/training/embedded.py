@@ -47,6 +47,11 @@ class StepSummary:
     loss: float | None = None
     grad_norm: float | None = None
     seconds: float = 0.0
+    logp_gap: float | None = None
+    """Mean |engine log-prob - trainer's recomputed log-prob| over the step's output tokens:
+    near 0 when sampler and trainer see the same sequence under the same temperature."""
+    adv_abs: float | None = None
+    """Mean |advantage| over the step's output tokens (0 when every group had equal rewards)."""
 
 
 @dataclass(slots=True)
@@ -71,13 +76,25 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
     policy), advantages, update. Runs in a worker thread: it is the heavy part of a step."""
     from areal.utils import stats_tracker
 
+    import torch
+
+    gaps: list[torch.Tensor] = []
     if actor.config.should_compute_prox_logp():
         for traj, logp in zip(batch, actor.compute_logp(batch), strict=True):
             traj["prox_logp"] = logp
+            # AReaL's layout: the engine's log-prob of token t sits at t, the trainer's at t-1.
+            mask = torch.roll(traj["loss_mask"].bool(), -1, -1)
+            engine_logp = torch.roll(traj["logprobs"], -1, -1)
+            gaps.append((engine_logp - logp)[mask].abs())
     advantages = actor.compute_advantages(batch)
+    adv = torch.cat([a["advantages"][a["loss_mask"].bool()].abs() for a in advantages])
     actor.ppo_update(advantages)
     actor.engine.lr_scheduler_step()
-    return stats_tracker.export_all()
+    stats = stats_tracker.export_all()
+    if gaps:
+        stats["cua/logp_gap/avg"] = float(torch.cat(gaps).mean())
+    stats["cua/adv_abs/avg"] = float(adv.mean()) if adv.numel() else 0.0
+    return stats
 
 
 def _version_dir(trainer_engine: Any) -> str:
@@ -308,6 +325,8 @@ class EmbeddedTrainer:
                 stats = await asyncio.to_thread(_ppo_step, actor, batch)
                 summary.loss = _pick(stats, "actor_loss/avg")
                 summary.grad_norm = _pick(stats, "grad_norm")
+                summary.logp_gap = stats.get("cua/logp_gap/avg")
+                summary.adv_abs = stats.get("cua/adv_abs/avg")
                 version = trainer_engine.get_version() + 1
                 trainer_engine.set_version(version)
                 await asyncio.wrap_future(

@@ -105,7 +105,14 @@ def write_evals(report: TrainReport, path: Path) -> Path:
             "episodes": found.episodes,
         },
         "train": [
-            {"step": s.step, "success": s.success_rate, "reward": s.reward_mean}
+            {
+                "step": s.step,
+                "success": s.success_rate,
+                "reward": s.reward_mean,
+                "adv_abs": s.adv_abs,
+                "logp_gap": s.logp_gap,
+                "seconds": s.seconds,
+            }
             for s in report.steps
         ],
     }
@@ -194,13 +201,16 @@ def print_report(report: TrainReport) -> None:
     print()
     print(
         f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
-        f"{'samples':>7} {'loss':>8} {'sec':>6}"
+        f"{'samples':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'sec':>6}"
     )
     for s in report.steps:
         loss = f"{s.loss:8.4f}" if s.loss is not None else f"{'-':>8}"
+        adv = f"{s.adv_abs:6.3f}" if s.adv_abs is not None else f"{'-':>6}"
+        gap = f"{s.logp_gap:7.4f}" if s.logp_gap is not None else f"{'-':>7}"
         print(
             f"{s.step:>4} {s.episodes:>8} {s.success_rate:>8.0%} {s.reward_mean:>8.3f} "
-            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {s.seconds:>6.1f}"
+            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {adv} {gap} "
+            f"{s.seconds:>6.1f}"
         )
     print()
     for point in eval_points(report):
