@@ -74,9 +74,8 @@ class TrainReport:
 def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
     """AReaL's order of operations in ``PPOTrainer.train``: recompute log-probs (the proximal
     policy), advantages, update. Runs in a worker thread: it is the heavy part of a step."""
-    from areal.utils import stats_tracker
-
     import torch
+    from areal.utils import stats_tracker
 
     gaps: list[torch.Tensor] = []
     if actor.config.should_compute_prox_logp():
