@@ -199,14 +199,18 @@ class EmbeddedTrainer:
         model = await asyncio.to_thread(
             AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
         )
+        optim = areal.actor.optimizer
         trainer_engine = LocalTrainEngine(
             model,
-            lr=areal.actor.optimizer.lr,
-            weight_decay=areal.actor.optimizer.weight_decay,
-            grad_clip=areal.actor.optimizer.gradient_clipping,
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            grad_clip=optim.gradient_clipping,
             temperature=areal.actor.temperature,
             device=cua.device,
             processor=processor,
+            optimizer=optim.type,
+            betas=(optim.beta1, optim.beta2),
+            eps=optim.eps,
         )
         actor = PPOActor(areal.actor, trainer_engine)
         gym = make_gym(cua.agent.gym)

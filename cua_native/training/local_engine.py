@@ -59,17 +59,28 @@ class LocalTrainEngine(TrainEngine):
         temperature: float = 1.0,
         device: str | torch.device = "cpu",
         processor: Any = None,
+        optimizer: str = "adam",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
     ) -> None:
+        """``optimizer``: AReaL's ``OptimizerConfig.type`` — ``adam`` (AdamW with ``betas``,
+        ``eps``) or ``sgd`` (plain SGD: a step moves each weight in proportion to its gradient,
+        where Adam's first steps move every weight by about ``lr`` whatever its gradient)."""
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.temperature = temperature
         self.grad_clip = grad_clip
         self.processor = processor
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=lr,
-            weight_decay=weight_decay,
-        )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.Optimizer
+        if optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+        elif optimizer in ("adam", "adam_bf16"):
+            self.optimizer = torch.optim.AdamW(
+                params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps
+            )
+        else:
+            raise ValueError(f"optimizer type {optimizer!r}: expected 'adam' or 'sgd'")
         self._version = 0
         self._inference: InferenceEngine | None = None
         self._initialized = True

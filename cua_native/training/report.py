@@ -201,15 +201,16 @@ def print_report(report: TrainReport) -> None:
     print()
     print(
         f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
-        f"{'samples':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'sec':>6}"
+        f"{'samples':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
     )
     for s in report.steps:
         loss = f"{s.loss:8.4f}" if s.loss is not None else f"{'-':>8}"
         adv = f"{s.adv_abs:6.3f}" if s.adv_abs is not None else f"{'-':>6}"
-        gap = f"{s.logp_gap:7.4f}" if s.logp_gap is not None else f"{'-':>7}"
+        gap = f"{s.logp_gap:7.1e}" if s.logp_gap is not None else f"{'-':>7}"
+        grad = f"{s.grad_norm:7.3f}" if s.grad_norm is not None else f"{'-':>7}"
         print(
             f"{s.step:>4} {s.episodes:>8} {s.success_rate:>8.0%} {s.reward_mean:>8.3f} "
-            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {adv} {gap} "
+            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {adv} {gap} {grad} "
             f"{s.seconds:>6.1f}"
         )
     print()
