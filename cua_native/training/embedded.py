@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import functools
 import json
@@ -71,12 +72,17 @@ class TrainReport:
     warm_start: dict[str, Any] | None = None
 
 
-def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
+def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[str, float]:
     """AReaL's order of operations in ``PPOTrainer.train``: recompute log-probs (the proximal
-    policy), advantages, update. Runs in a worker thread: it is the heavy part of a step."""
+    policy), the reference's log-probs when ``ref`` is given (``actor.kl_ctl`` > 0: AReaL adds
+    ``-kl_ctl * KL`` to each token's reward), advantages, update. Runs in a worker thread: it
+    is the heavy part of a step."""
     import torch
     from areal.utils import stats_tracker
 
+    if ref is not None:
+        for traj in batch:
+            traj["ref_logp"] = ref.forward_batch(traj)
     gaps: list[torch.Tensor] = []
     if actor.config.should_compute_prox_logp():
         for traj, logp in zip(batch, actor.compute_logp(batch), strict=True):
@@ -123,6 +129,8 @@ class EmbeddedTrainer:
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
         self._parse_errors: dict[int, float] = {}
+        self._ref: Any = None
+        """A frozen copy of the starting model when ``actor.kl_ctl`` > 0."""
 
     # ------------------------------------------------------------------ set-up
     def _prepare_model(self, report: TrainReport) -> Path:
@@ -213,6 +221,10 @@ class EmbeddedTrainer:
             eps=optim.eps,
         )
         actor = PPOActor(areal.actor, trainer_engine)
+        if areal.actor.kl_ctl > 0:  # the frozen starting policy, for AReaL's KL reward
+            self._ref = LocalTrainEngine(
+                copy.deepcopy(model).eval(), temperature=areal.actor.temperature, device=cua.device
+            )
         gym = make_gym(cua.agent.gym)
         recorder = recorder_from_config(
             cua.monitor_db_url(),
@@ -325,7 +337,7 @@ class EmbeddedTrainer:
             stats: dict[str, float] = {}
             if batch:
                 monitor.step_training(step)
-                stats = await asyncio.to_thread(_ppo_step, actor, batch)
+                stats = await asyncio.to_thread(_ppo_step, actor, batch, self._ref)
                 summary.loss = _pick(stats, "actor_loss/avg")
                 summary.grad_norm = _pick(stats, "grad_norm")
                 summary.logp_gap = stats.get("cua/logp_gap/avg")

@@ -66,6 +66,17 @@ def test_discount_and_normalisation() -> None:
     assert normalized_rewards([0.5, 0.5], 1e-6) == [0.0, 0.0]
 
 
+def test_mean_only_normalisation_keeps_reward_differences_their_size() -> None:
+    # A group that only differs by one format penalty: GRPO's std division turns it into
+    # unit-size advantages; the mean-only form leaves it at the penalty's size.
+    rewards = [0.0, 0.0, 0.0, -0.05]
+    assert max(abs(v) for v in normalized_rewards(rewards, 1e-6)) > 1.0
+    assert normalized_rewards(rewards, 1e-6, divide_std=False) == pytest.approx(
+        [0.0125, 0.0125, 0.0125, -0.0375]
+    )
+    assert normalized_rewards([1.0], 1e-6, divide_std=False) == [0.0]
+
+
 def test_turn_sample_layout() -> None:
     turn = _turn(0, 6, 3)
     mm = {"pixel_values": torch.ones(2, 3), "image_grid_thw": torch.tensor([[1, 1, 2]])}

@@ -116,3 +116,26 @@ def test_areal_ppo_actor_runs_on_the_local_engine(
     again.load(SaveLoadMeta(path=str(tmp_path / "ckpt"), weight_format="hf", with_optim=True))
     assert again.get_version() == 3
     assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+def test_optimizer_type_follows_areal_config() -> None:
+    model = torch.nn.Linear(3, 2)
+    sgd = LocalTrainEngine(model, lr=0.5, optimizer="sgd", grad_clip=100.0)
+    assert isinstance(sgd.optimizer, torch.optim.SGD)
+    adam = LocalTrainEngine(
+        model, lr=1e-3, optimizer="adam", betas=(0.8, 0.9), eps=1e-6, grad_clip=100.0
+    )
+    assert isinstance(adam.optimizer, torch.optim.AdamW)
+    assert adam.optimizer.param_groups[0]["betas"] == (0.8, 0.9)
+    assert adam.optimizer.param_groups[0]["eps"] == 1e-6
+    # SGD moves a weight in proportion to its gradient; Adam's first step moves it by ~lr.
+    x = torch.tensor([[1.0, 1e-3, 0.0]])
+    for engine, expected in ((sgd, [0.5, 5e-4, 0.0]), (adam, [1e-3, 1e-3, 0.0])):
+        engine.model.weight.data.zero_()
+        engine.optimizer_zero_grad()
+        engine.model(x)[0, 0].backward()
+        engine.optimizer_step()
+        moved = -engine.model.weight.data[0]
+        assert moved.tolist() == pytest.approx(expected, rel=1e-2, abs=1e-7)
+    with pytest.raises(ValueError, match="optimizer type"):
+        LocalTrainEngine(model, optimizer="lion")
