@@ -3,7 +3,10 @@
 - episodes/s with one episode per batch and with recorder-sized batches (``--per-batch``
   episodes, what ``SinkChannel`` sends: up to 500 rows);
 - per-batch cost while one step fills: the first batches against the last ones
-  (flat means a ratio near 1).
+  (flat means a ratio near 1);
+- this process's CPU per episode (parsing, the store's Python, the driver; the database
+  server's own work is not in it): on a loaded machine the wall figures swing with the load,
+  this column much less.
 
 uv run python bench/monitor_ingest.py [--db URL] [--episodes 1200] [--turns 10] [--per-batch 20]
 """
@@ -66,8 +69,11 @@ def merged(batches: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
     return out
 
 
-def run(store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int) -> list[float]:
-    """Seconds per batch while one step fills with ``episodes`` rollouts."""
+def run(
+    store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int, cpu: list[float]
+) -> list[float]:
+    """Seconds per batch while one step fills with ``episodes`` rollouts (this process's CPU
+    seconds per batch are appended to ``cpu``)."""
     step = f"{tag}-step"
     store.ingest(
         {"steps": [{"client_id": step, "training_client_id": "t", "step": hash(tag) % 10**6}]}
@@ -80,9 +86,10 @@ def run(store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int
                 for i in range(start, min(episodes, start + per_batch))
             ]
         )
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         store.ingest(batch)
         seconds.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - cpu_began)
     return seconds
 
 
@@ -105,9 +112,16 @@ def main() -> None:
                 }
             )
             single_n = max(20, args.episodes // 20)
-            single = run(store, f"one-{time.time_ns()}", single_n, args.turns, 1)
+            single_cpu: list[float] = []
+            batched_cpu: list[float] = []
+            single = run(store, f"one-{time.time_ns()}", single_n, args.turns, 1, single_cpu)
             batched = run(
-                store, f"many-{time.time_ns()}", args.episodes, args.turns, args.per_batch
+                store,
+                f"many-{time.time_ns()}",
+                args.episodes,
+                args.turns,
+                args.per_batch,
+                batched_cpu,
             )
         finally:
             store.close()
@@ -115,14 +129,17 @@ def main() -> None:
     first, last = statistics.median(batched[:tenth]), statistics.median(batched[-tenth:])
     print(f"backend: {args.db.split('@')[-1] if args.db else 'sqlite (run dir)'}")
     print(f"episodes of {args.turns} turns (rollout, environment, turns, actions with 64 tokens)")
-    print(f"{'batches':<28}{'episodes/s':>12}{'ms/batch (median)':>20}")
     print(
-        f"{'1 episode':<28}{single_n / sum(single):>12.1f}{1000 * statistics.median(single):>20.1f}"
+        f"{'batches':<20}{'episodes/s':>12}{'ms/batch (median)':>20}{'client CPU ms/episode':>24}"
     )
-    print(
-        f"{f'{args.per_batch} episodes':<28}{args.episodes / sum(batched):>12.1f}"
-        f"{1000 * statistics.median(batched):>20.1f}"
-    )
+    for label, n, seconds, cpu in (
+        ("1 episode", single_n, single, single_cpu),
+        (f"{args.per_batch} episodes", args.episodes, batched, batched_cpu),
+    ):
+        print(
+            f"{label:<20}{n / sum(seconds):>12.1f}{1000 * statistics.median(seconds):>20.1f}"
+            f"{1000 * sum(cpu) / n:>24.2f}"
+        )
     print(
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
