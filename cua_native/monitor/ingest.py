@@ -78,13 +78,31 @@ def clean_value(value: Any, where: Where = "value") -> Any:
             raise ValueError(f"{_path(where)}: integer {value} does not fit in 64 bits")
         return value
     if isinstance(value, dict):
-        return {
-            clean_value(k, where) if isinstance(k, str) else k: clean_value(v, (where, k))
-            for k, v in value.items()
-        }
+        return _clean_dict(value, where)
     if isinstance(value, list | tuple):
         return _clean_list(value, where)
     return value
+
+
+def _clean_dict(value: dict[Any, Any], where: Where) -> dict[Any, Any]:
+    """``clean_value`` of each key and value; plain scalars are checked inline (a record is
+    mostly scalars, and a batch has thousands of records)."""
+    out: dict[Any, Any] = {}
+    for key, item in value.items():
+        if type(key) is str and "\x00" in key:
+            key = key.replace("\x00", "\ufffd")
+        kind = type(item)
+        if item is None or kind is bool:
+            out[key] = item
+        elif kind is str:
+            out[key] = item.replace("\x00", "\ufffd") if "\x00" in item else item
+        elif kind is float and math.isfinite(item):
+            out[key] = item
+        elif kind is int and -INT_LIMIT - 1 <= item <= INT_LIMIT:
+            out[key] = item
+        else:
+            out[key] = clean_value(item, (where, key))
+    return out
 
 
 def _path(where: Where) -> str:

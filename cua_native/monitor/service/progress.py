@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, String, case, func, select, update
 
-from cua_native.monitor.service.bulk import rows_where_in, update_rows, where_in
+from cua_native.monitor.service.bulk import rows_where_in, update_rows
 from cua_native.monitor.service.schema import (
     Baseline,
     Environment,
@@ -70,19 +70,16 @@ class Progress:
         return [dict(row._mapping) for row in found]
 
     def _rollouts(self, ids: set[int]) -> list[tuple[int | None, int | None, int | None]]:
-        """Current turn, progress and turn count of every touched rollout (one query for their
-        turns, one for them, one UPDATE); answers their parents."""
+        """Current turn, progress and turn count of every touched rollout (one query, their turns
+        counted by correlated subqueries on the (rollout_id, turn) index; one UPDATE); answers their parents."""
         table = Rollout.__table__
         wanted = sorted(ids)
-        turns = {
-            rollout_id: (last, count)
-            for condition in where_in(self.connection, Turn.rollout_id, wanted)
-            for rollout_id, last, count in self.connection.execute(
-                select(Turn.rollout_id, func.max(Turn.turn), func.count(Turn.id))
-                .where(condition)
-                .group_by(Turn.rollout_id)
-            )
-        }
+        last_turn = (
+            select(func.max(Turn.turn)).where(Turn.rollout_id == table.c.id).scalar_subquery()
+        )
+        turn_count = (
+            select(func.count(Turn.id)).where(Turn.rollout_id == table.c.id).scalar_subquery()
+        )
         found = rows_where_in(
             self.connection,
             table,
@@ -98,13 +95,15 @@ class Progress:
                 table.c.step_id,
                 table.c.eval_id,
                 table.c.baseline_id,
+                last_turn.label("last_turn"),
+                turn_count.label("turn_count"),
             ],
         )
         parents: list[tuple[int | None, int | None, int | None]] = []
         changes: list[dict[str, Any]] = []
         for row in found:
             parents.append((row.step_id, row.eval_id, row.baseline_id))
-            last_turn, count = turns.get(row.id, (None, 0))
+            last_turn, count = row.last_turn, row.turn_count
             current, done, percent = row.current_turn, row.num_turns, row.progress_percent
             if last_turn is not None and (current is None or current < last_turn):
                 current = last_turn
@@ -127,11 +126,12 @@ class Progress:
         return parents
 
     def _aggregate(
-        self, column: Any, parent_id: int
-    ) -> tuple[int, int, int, float | None, float | None, float | None, int]:
+        self, column: Any, parent_id: int, *extra: Any
+    ) -> tuple[tuple[int, int, int, float | None, float | None, float | None, int], list[Any]]:
         """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
         rewards) over one parent's rollouts, computed by the database: one indexed query
-        whatever the number of rollouts."""
+        whatever the number of rollouts; ``extra`` scalar subqueries ride along in the same
+        statement (their values are the second item)."""
         done = Rollout.status.in_(TERMINAL_ROLLOUT)
         finished_reward = case((done, Rollout.reward))
         row = self.connection.execute(
@@ -143,10 +143,11 @@ class Progress:
                 func.avg(finished_reward * finished_reward),
                 func.avg(case((done, Rollout.num_turns))),
                 func.count(finished_reward),
+                *extra,
             ).where(column == parent_id)
         ).one()
-        total, finished, successes, mean, square, turns, rewards = row
-        return (
+        total, finished, successes, mean, square, turns, rewards = row[:7]
+        figures = (
             int(total),
             int(finished),
             int(successes),
@@ -155,9 +156,11 @@ class Progress:
             None if turns is None else float(turns),
             int(rewards),
         )
+        return figures, list(row[7:])
 
-    def _groups(self, step_id: int) -> tuple[int, int]:
-        """(groups, groups whose rollouts all finished) of a step."""
+    @staticmethod
+    def _groups(step_id: int) -> tuple[Any, Any]:
+        """Scalar subqueries: the step's groups, and those whose rollouts all finished."""
         key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
         open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
         per_group = (
@@ -166,14 +169,16 @@ class Progress:
             .group_by(key)
             .subquery()
         )
-        total, complete = self.connection.execute(
-            select(func.count(), func.count(case((per_group.c.open == 0, 1))))
-        ).one()
-        return int(total), int(complete)
+        total = select(func.count()).select_from(per_group).scalar_subquery()
+        complete = (
+            select(func.count()).select_from(per_group).where(per_group.c.open == 0)
+        ).scalar_subquery()
+        return total, complete
 
     def _step(self, step: dict[str, Any]) -> None:
-        total, finished, _, mean, square, _, rewards = self._aggregate(Rollout.step_id, step["id"])
-        groups, completed_groups = self._groups(step["id"])
+        figures, extra = self._aggregate(Rollout.step_id, step["id"], *self._groups(step["id"]))
+        total, finished, _, mean, square, _, rewards = figures
+        groups, completed_groups = int(extra[0]), int(extra[1])
         given = json_dict(step["rollout_progress"])
         total_envs = max(count_of(given.get("total_envs")), total)
         values: dict[str, Any] = {
@@ -205,7 +210,8 @@ class Progress:
 
     def _eval_like(self, row: dict[str, Any], model: type[Eval] | type[Baseline]) -> None:
         parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
-        total, finished, successes, mean, _, turns, _ = self._aggregate(parent_column, row["id"])
+        figures, _ = self._aggregate(parent_column, row["id"])
+        total, finished, successes, mean, _, turns, _ = figures
         if not total:
             return
         total_tasks = max(row["total_tasks"] or 0, total)
