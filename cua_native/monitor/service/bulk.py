@@ -105,10 +105,10 @@ def update_rows(
             )
             connection.execute(statement, {"rows": _json(data)})
         else:
-            statement = update(table).where(table.c.id == bindparam("row_id"))
+            by_id = update(table).where(table.c.id == bindparam("row_id"))
             if only_null:
-                statement = statement.where(table.c[only_null].is_(None))
-            connection.execute(statement, run)
+                by_id = by_id.where(table.c[only_null].is_(None))
+            connection.execute(by_id, run)
 
 
 def runs(rows: list[dict[str, Any]]) -> Iterable[list[dict[str, Any]]]:

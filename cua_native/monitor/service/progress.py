@@ -72,7 +72,7 @@ class Progress:
     def _rollouts(self, ids: set[int]) -> list[tuple[int | None, int | None, int | None]]:
         """Current turn, progress and turn count of every touched rollout (one query, their turns
         counted by correlated subqueries on the (rollout_id, turn) index; one UPDATE); answers their parents."""
-        table = Rollout.__table__
+        table: Any = Rollout.__table__
         wanted = sorted(ids)
         last_turn = (
             select(func.max(Turn.turn)).where(Turn.rollout_id == table.c.id).scalar_subquery()

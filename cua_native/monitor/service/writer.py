@@ -81,7 +81,7 @@ class Kind:
     has_status: bool = False
 
 
-_TRAINING_FK = {"training_id": ("training_client_id", Training)}
+_TRAINING_FK: dict[str, tuple[str, type[Base]]] = {"training_id": ("training_client_id", Training)}
 TRAINING_KIND = Kind(Training, "training", {}, (), ("run_name", "log_path", "model_name"), True)
 KINDS: dict[str, Kind] = {
     "tasks": Kind(Task, "task", {}, ("task_id",), ("task_id", "name", "description")),
