@@ -16,11 +16,16 @@ Sections (``--sections``, all by default):
   prompt length, as in real rollouts. The tokenizer is the tiny one (only the text part of the
   prompt is shorter than with Qwen's real vocabulary). Each decoder of ``--real-decoders``
   (default ``slots,legacy``: the old static-batching path stays measurable in the same run)
-  is measured on the same turns; batch-1 decode is printed beside its HBM bound (text
-  weights + the row's KV read once per step at the measured copy bandwidth), and the
-  largest concurrency beside plain ``model.generate`` on the same inputs
+  is measured on the same turns: single turns with the decoders alternating on each
+  prompt (which goes first alternates too), then a breakdown of one turn's time to first
+  token (prefill forward, arena copy, first sampling, the rest); batch-1 decode is printed
+  beside its HBM bound (text weights + the row's KV read once per step at the measured copy
+  bandwidth), and the largest concurrency beside plain ``model.generate`` on the same inputs
   (``--real-generate dynamic,static``: default cache; static cache, which transformers
-  compiles). ``--profile`` adds a torch.profiler table of one slots-decoder turn.
+  compiles), as one batch or, where that runs out of memory, in batches of
+  ``--real-generate-chunk`` rows one after another. ``--profile`` adds a torch.profiler
+  table of one slots-decoder turn; ``--no-decode-compile`` keeps the slots decoder's
+  graphs eager-kernel (no ``torch.compile`` of the elementwise work).
 * ``grpo``: ``LocalTrainEngine`` + AReaL's ``PPOActor`` with the embedded default's actor
   config on the tiny model: groups sampled from the engine, then the phases of
   ``cua_native.training.embedded._ppo_step`` timed one by one (``compute_logp``, checked
@@ -30,7 +35,8 @@ Sections (``--sections``, all by default):
     python bench/gpu_check.py [--device cuda] [--sections exact,real,grpo] [--json out.json]
                               [--no-cudnn-sdp] [--real-concurrency 8,32]
                               [--real-decoders slots,legacy] [--real-generate dynamic,static]
-                              [--profile]
+                              [--real-generate-chunk 8] [--real-ttft-rounds 4]
+                              [--no-decode-compile] [--profile]
 
 ``--no-cudnn-sdp``: PyTorch (2.11, H100/H200, bf16) picks cuDNN for scaled-dot-product
 attention, and cuDNN builds a new execution plan for every new tensor shape. With a KV cache
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -402,6 +409,8 @@ def check_real(device: torch.device, args: argparse.Namespace) -> Figures:
             figures[decoder] = single
         for decoder, engine in list(engines.items()):
             figures[decoder]["first_token"] = first_token_parts(engine, decoder, turns[1], device)
+        for decoder, ttft in ttft_probe(engines, turns[1:4], args.real_ttft_rounds).items():
+            figures[decoder].update(ttft)
         for decoder, engine in list(engines.items()):
             figures[decoder].update(concurrent_turns(engine, decoder, turns, bound, device, args))
             if args.profile and decoder.startswith("slots"):
@@ -478,6 +487,35 @@ def single_turns(
             f"= {100 * figures['decode_fraction_of_bound']:.1f} % of the HBM bound "
             f"{bound_1:.0f} tok/s"
             + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
+        )
+    return out
+
+
+def ttft_probe(
+    engines: dict[str, InProcessEngine], singles: list[ModelRequest], rounds: int
+) -> dict[str, Figures]:
+    """Time to first token alone: the single turns with ``max_new_tokens=1``, ``rounds``
+    times, the decoders alternating on each prompt (and which goes first), so a median
+    over many runs compares them (one prefill varies by ~+-10 % run to run)."""
+    runs: dict[str, list[float]] = {d: [] for d in engines}
+    k = 0
+    for _ in range(rounds):
+        for req in singles:
+            one = dataclasses.replace(
+                req, gconfig=dataclasses.replace(req.gconfig, max_new_tokens=1)
+            )
+            order = list(engines) if k % 2 == 0 else list(reversed(engines))
+            k += 1
+            for decoder in order:
+                (resp,), _, _ = asyncio.run(generate(engines[decoder], [one], concurrent=False))
+                runs[decoder].append(resp.ttft)
+    out: dict[str, Figures] = {}
+    for decoder, values in runs.items():
+        out[decoder] = {"ttft_probe_s": statistics.median(values), "ttft_probe_runs": len(values)}
+        print(
+            f"[real:{decoder}] time to first token alone: median "
+            f"{statistics.median(values) * 1000:.0f} ms over {len(values)} runs "
+            f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
         )
     return out
 
@@ -794,6 +832,8 @@ def print_ratios(figures: Figures, args: argparse.Namespace) -> None:
             f"{100 * got['decode_fraction_of_bound']:.1f} % of HBM bound "
             f"{got['decode_bound_tok_s']:.0f}; ttft {got['prefill_s'] * 1000:.0f} ms"
         )
+        if "ttft_probe_s" in got:
+            line += f" (1-token probe: {got['ttft_probe_s'] * 1000:.0f} ms)"
         rate = got.get(f"concurrent_{n}_tok_s")
         dynamic = figures.get("generate_dynamic", {})
         if rate is not None and base:
@@ -816,8 +856,13 @@ def print_ratios(figures: Figures, args: argparse.Namespace) -> None:
             if label == "legacy":
                 continue
             new = figures[label]
+            probe = (
+                f" (1-token probe x{new['ttft_probe_s'] / old['ttft_probe_s']:.2f})"
+                if "ttft_probe_s" in new and "ttft_probe_s" in old
+                else ""
+            )
             print(
-                f"[ratios:{label}/legacy] ttft x{new['prefill_s'] / old['prefill_s']:.2f}, "
+                f"[ratios:{label}/legacy] ttft x{new['prefill_s'] / old['prefill_s']:.2f}{probe}, "
                 f"batch-1 decode x{new['decode_tok_s'] / old['decode_tok_s']:.2f}"
                 + (
                     f", {n} concurrent x"
@@ -1019,6 +1064,12 @@ def parse_args() -> argparse.Namespace:
         help="rows per generate call when the largest concurrency fails as one batch",
     )
     parser.add_argument(
+        "--real-ttft-rounds",
+        type=int,
+        default=4,
+        help="rounds of the 1-token time-to-first-token probe over the 3 single turns",
+    )
+    parser.add_argument(
         "--no-decode-compile",
         action="store_true",
         help="slots decoder: CUDA graphs without torch.compile of the elementwise work",
@@ -1077,6 +1128,8 @@ def main() -> None:
             else:
                 report["grpo"] = check_grpo(device, tiny_dir, args)
             report[section]["section_s"] = time.perf_counter() - start
+            if args.json:  # after every section: a later one may not finish
+                args.json.write_text(json.dumps(report, indent=2, default=str))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     text = json.dumps(report, indent=2, default=str)

@@ -247,7 +247,7 @@ def _sample_simple(
         + ([] if whole else [float(i) for i in rows]),
         dtype=torch.float64,
     )
-    packed = host.to(device)
+    packed = host.pin_memory().to(device, non_blocking=True) if logits.is_cuda else host.to(device)
     temps = packed[:n].to(torch.float32)
     u = packed[n : n + s]
     pick = packed[n + s : n + 2 * s].long()
@@ -256,8 +256,11 @@ def _sample_simple(
     logprobs = torch.log_softmax(chosen.float() / temps[:, None], dim=-1)
     restricted = logprobs
     if b:
-        restricted = logprobs.clone()
-        restricted[bans[:b], bans[b:]] = float("-inf")
+        # index_fill_ takes the value as a scalar argument (indexing with a Python
+        # float would copy it from the host first)
+        flat = bans[:b] * logprobs.shape[-1] + bans[b:]
+        restricted = logprobs.clone().view(-1).index_fill_(0, flat, float("-inf"))
+        restricted = restricted.view(logprobs.shape)
     mask = torch.isfinite(restricted)
     some_allowed = mask.any(dim=-1)
     tokens = torch.argmax(restricted, dim=-1)

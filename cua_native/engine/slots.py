@@ -47,6 +47,9 @@ class SlotDecoder:
             tokens_first=self.attention == "flash",
         )
         self._graphs = DecodeGraphs(self._stack.forward) if graphs else None
+        if self._stack.ops.compiled:
+            with torch.inference_mode():  # the mode the steps run in (a compile guard)
+                self._stack.warm_up(device)
         self._lengths: list[int] = []
         self._next_pos: list[int] = []
 

@@ -134,6 +134,41 @@ class TextStack:
             for layer in self._text.layers
         )
 
+    def warm_up(self, device: torch.device, batches: tuple[int, ...] = (1, 2, 4)) -> None:
+        """Run ``ops`` on stand-in rows of ``batches`` sizes, with the step's layouts and
+        the model's weights, so compiling happens here (a size of 1, then one dynamic
+        batch size for all others) and not in the middle of a running batch."""
+        text, first = self._text, self._text.layers[0]
+        dtype = self._head.weight.dtype
+        norm = _norm_weight(first.post_attention_layernorm)
+        qn = _norm_weight(first.self_attn.q_norm) if hasattr(first.self_attn, "q_norm") else None
+        kn = _norm_weight(first.self_attn.k_norm) if hasattr(first.self_attn, "k_norm") else None
+        for batch in batches:
+            hidden = text.embed_tokens(torch.zeros(batch, dtype=torch.long, device=device))
+            pos = torch.zeros((1, batch, 1), dtype=torch.long, device=device)
+            cos, sin = text.rotary_emb(
+                hidden[:, None, :], pos.expand(3, batch, 1) if self._mrope else pos[0]
+            )
+            if norm is not None:
+                self.ops.norm(hidden, *norm)
+                self.ops.add_norm(hidden, hidden, *norm)
+            width = self.heads * self.head_dim
+            self.ops.qk_rope(
+                torch.zeros((batch, width), dtype=dtype, device=device),
+                torch.zeros((batch, self.kv_heads * self.head_dim), dtype=dtype, device=device),
+                None if qn is None else qn[0],
+                None if kn is None else kn[0],
+                0.0 if qn is None else qn[1],
+                cos,
+                sin,
+                self._rope,
+                self.heads,
+                self.kv_heads,
+            )
+            if self._fused_mlp:
+                gate = first.mlp.gate_proj(hidden)
+                self.ops.silu_mul(gate, gate)
+
     def _normed(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         found = _norm_weight(module)
         return module(x) if found is None else self.ops.norm(x, *found)
