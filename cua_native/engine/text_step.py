@@ -149,9 +149,9 @@ class TextStack:
             cos, sin = text.rotary_emb(
                 hidden[:, None, :], pos.expand(3, batch, 1) if self._mrope else pos[0]
             )
-            if norm is not None:
+            if norm is not None:  # distinct tensors: dynamo guards on arguments aliasing
                 self.ops.norm(hidden, *norm)
-                self.ops.add_norm(hidden, hidden, *norm)
+                self.ops.add_norm(hidden, hidden.clone(), *norm)
             width = self.heads * self.head_dim
             self.ops.qk_rope(
                 torch.zeros((batch, width), dtype=dtype, device=device),
@@ -167,7 +167,7 @@ class TextStack:
             )
             if self._fused_mlp:
                 gate = first.mlp.gate_proj(hidden)
-                self.ops.silu_mul(gate, gate)
+                self.ops.silu_mul(gate, gate.clone())
 
     def _normed(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         found = _norm_weight(module)
