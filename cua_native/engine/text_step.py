@@ -4,8 +4,9 @@ The step runs the model's own modules (embedding, projections, rotary embedding,
 and its own ``apply_rotary_pos_emb``; the elementwise work between the projections (norms,
 residual adds, query/key norms + rotary, ``silu(gate) * up``) goes through ``DecodeOps``
 (``decode_ops.py``: the same arithmetic, compiled into one kernel per group on CUDA); the
-cache write and the attention over the arena are done here: the new key/value of each row go to position ``write[i]`` of
-its slot, then attention over the first ``write[i] + 1`` positions of the slot, one of:
+cache write and the attention over the arena are done here: the new key/value of each row
+go to position ``write[i]`` of its slot (one ``index_copy_`` per tensor), then attention
+over the first ``write[i] + 1`` positions of the slot, one of:
 
 * ``flash`` (CUDA, bf16/fp16): PyTorch's flash-attention variable-length kernel
   (``aten._flash_attention_forward`` with ``seqused_k``) over the tokens-first arena: it
