@@ -142,8 +142,6 @@ class TextStack:
         text, first = self._text, self._text.layers[0]
         dtype = self._head.weight.dtype
         norm = _norm_weight(first.post_attention_layernorm)
-        qn = _norm_weight(first.self_attn.q_norm) if hasattr(first.self_attn, "q_norm") else None
-        kn = _norm_weight(first.self_attn.k_norm) if hasattr(first.self_attn, "k_norm") else None
         for batch in batches:
             hidden = text.embed_tokens(torch.zeros(batch, dtype=torch.long, device=device))
             pos = torch.zeros((1, batch, 1), dtype=torch.long, device=device)
@@ -153,22 +151,40 @@ class TextStack:
             if norm is not None:  # distinct tensors: dynamo guards on arguments aliasing
                 self.ops.norm(hidden, *norm)
                 self.ops.add_norm(hidden, hidden.clone(), *norm)
-            width = self.heads * self.head_dim
-            self.ops.qk_rope(
-                torch.zeros((batch, width), dtype=dtype, device=device),
+            self._qk_rope(
+                first.self_attn,
+                torch.zeros((batch, self.heads * self.head_dim), dtype=dtype, device=device),
                 torch.zeros((batch, self.kv_heads * self.head_dim), dtype=dtype, device=device),
-                None if qn is None else qn[0],
-                None if kn is None else kn[0],
-                0.0 if qn is None else qn[1],
                 cos,
                 sin,
-                self._rope,
-                self.heads,
-                self.kv_heads,
             )
             if self._fused_mlp:
                 gate = first.mlp.gate_proj(hidden)
                 self.ops.silu_mul(gate, gate.clone())
+
+    def _qk_rope(
+        self,
+        attn: torch.nn.Module,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ops.qk_rope`` with ``attn``'s query/key norms (if it has them)."""
+        q_norm = _norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
+        k_norm = _norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
+        return self.ops.qk_rope(
+            q,
+            k,
+            None if q_norm is None else q_norm[0],
+            None if k_norm is None else k_norm[0],
+            0.0 if q_norm is None else q_norm[1],
+            cos,
+            sin,
+            self._rope,
+            self.heads,
+            self.kv_heads,
+        )
 
     def _normed(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         found = _norm_weight(module)
@@ -201,20 +217,7 @@ class TextStack:
         normed = self._normed(layers[0].input_layernorm, hidden)
         for index, layer in enumerate(layers):
             attn = layer.self_attn
-            q_norm = _norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
-            k_norm = _norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
-            q, k = self.ops.qk_rope(
-                attn.q_proj(normed),
-                attn.k_proj(normed),
-                None if q_norm is None else q_norm[0],
-                None if k_norm is None else k_norm[0],
-                0.0 if q_norm is None else q_norm[1],
-                cos,
-                sin,
-                self._rope,
-                self.heads,
-                self.kv_heads,
-            )
+            q, k = self._qk_rope(attn, attn.q_proj(normed), attn.k_proj(normed), cos, sin)
             v = attn.v_proj(normed).view(batch, self.kv_heads, self.head_dim)
             keys, values = arena.keys[index][:batch], arena.values[index][:batch]
             self._write(keys, k, slots)
