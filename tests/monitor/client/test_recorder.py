@@ -22,7 +22,7 @@ from cua_native.monitor.client.sinks import HttpSink, SqlSink, id_pairs
 from cua_native.monitor.service import schema
 from cua_native.monitor.service.store import MonitorStore
 
-FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 5.0}
+FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 120.0}
 
 
 async def test_full_episode_arrives_with_relations(store: MonitorStore, tmp_path: Path) -> None:
