@@ -422,13 +422,16 @@ def _mobileworld_cases() -> list[dict[str, Any]]:
                 )
             )
     head = f'Thought: {t}\nAction: "{s}"\n'
+    box_note = (
+        "a box is read as its centre (as MobileWorld reads it); Qwen-Agent and the notebook"
+        " pass the four numbers on"
+    )
     one_offs: list[tuple[str, str, dict[str, Any], str | None]] = [
         (
             "box",
             _call({"action": "click", "coordinate": [400, 60, 494, 102]}, compact=False),
             {"type": "click", "x": _unit(447), "y": _unit(81)},
-            "a box is read as its centre (as MobileWorld reads it); Qwen-Agent and the notebook"
-            " pass the four numbers on",
+            box_note,
         ),
         (
             "swipe_box",
@@ -436,16 +439,8 @@ def _mobileworld_cases() -> list[dict[str, Any]]:
                 {"action": "swipe", "coordinate": [500, 800], "coordinate2": [480, 180, 520, 220]},
                 compact=False,
             ),
-            {
-                "type": "swipe",
-                "direction": None,
-                "x": _unit(500),
-                "y": _unit(800),
-                "x2": _unit(500),
-                "y2": _unit(200),
-            },
-            "a box is read as its centre (as MobileWorld reads it); Qwen-Agent and the notebook"
-            " pass the four numbers on",
+            dict(next(e for label, _, e in QWEN_ACTIONS if label == "swipe")),
+            box_note,
         ),
         (
             "fraction",
