@@ -14,6 +14,7 @@ wrong field gives one error naming the field and the allowed values.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from dataclasses import dataclass, field
@@ -22,11 +23,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal.api.cli_args import GRPOConfig, vLLMConfig
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cua_native.rollout.config import SAMPLING_FIELDS, AgentConfig, SamplingConfig
+from cua_native.rollout.config import (
+    SAMPLING_FIELDS,
+    AgentConfig,
+    SamplingConfig,
+    gym_client_options,
+)
 from cua_native.rollout.dataset import TaskSource
 
 
@@ -315,14 +321,45 @@ def _user_layers(path: Path, overrides: list[str] | None) -> list[_Layer]:
     return layers
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> LoadedConfig:
+def _with_gym_url(layers: list[_Layer], url: str) -> list[_Layer]:
+    """``layers`` with the gym turned into an HTTP gym at ``url`` (``--gym-url``).
+
+    The rest of the gym section stays as the layers set it (``gym_id``, ``seed``,
+    ``allowed_media_domains``, and the ``options`` an HTTP client takes: timeouts, retries,
+    auth, …). Options only the simulator takes (``screenshot_size``) are dropped from every
+    layer; any other unknown option is left for validation to name."""
+    sim_only = gym_client_options("sim") - gym_client_options("http")
+    kept = []
+    for layer in layers:
+        values = layer.values
+        options = OmegaConf.select(values, "cua.agent.gym.options", default=None)
+        if isinstance(options, DictConfig) and sim_only & set(options):
+            values = copy.deepcopy(values)
+            options = OmegaConf.select(values, "cua.agent.gym.options")
+            for key in sim_only & set(options):
+                del options[key]
+        kept.append(_Layer(layer.origin, values))
+    gym = {"kind": "http", "base_url": url}
+    return [*kept, _Layer("--gym-url", OmegaConf.create({"cua": {"agent": {"gym": gym}}}))]
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    gym_url: str | None = None,
+) -> LoadedConfig:
     """Load ``path`` (YAML; default ``configs/default.yaml``, the embedded default) over
     AReaL's defaults, apply ``a.b=c`` overrides, validate everything.
 
     The one loader of every command (``train``, ``evaluate``). A wrong field raises one
     ``ConfigError`` line naming the field, what is allowed there (the nearest known key for
-    a typo) and the file or command line that set it."""
+    a typo) and the file or command line that set it. ``gym_url`` (``--gym-url``) makes the
+    gym ``kind: http`` at that address and keeps the rest of the config's gym settings that
+    apply to an HTTP gym (see ``_with_gym_url``); it wins over ``kind``/``base_url`` overrides."""
     layers = _user_layers(Path(path) if path is not None else default_config_path(), overrides)
+    if gym_url is not None:
+        layers = _with_gym_url(layers, gym_url)
     _reject_derived(layers)
     schema = OmegaConf.structured(CUATrainConfig)
     try:

@@ -126,14 +126,10 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     """The training config (``--config``, default ``configs/default.yaml``) through the one
     loader, with the command-line flags and ``key=value`` overrides on top."""
     overrides = list(args.overrides)
-    if args.gym_url:  # an HTTP gym: the config's (simulator) options do not apply to it
-        overrides.insert(0, "cua.agent.gym.options=null")
     if args.model:
         overrides.append(f"cua.agent.model_path={args.model}")
     if args.family:
         overrides.append(f"cua.agent.family={args.family}")
-    if args.gym_url:
-        overrides += ["cua.agent.gym.kind=http", f"cua.agent.gym.base_url={args.gym_url}"]
     if args.gym_id:
         overrides.append(f"cua.agent.gym.gym_id={args.gym_id}")
     if args.seed is not None:
@@ -148,7 +144,7 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
         overrides.append(f"cua.monitor_token={args.monitor_token}")
     from cua_native.config import load_config
 
-    return load_config(args.config, overrides)
+    return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
 async def evaluate(

@@ -35,6 +35,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-dir", help="where the monitor database, checkpoints and logs go")
     parser.add_argument("--steps", type=int, help="training steps (total_train_steps)")
     parser.add_argument("--device", help="cpu or cuda (embedded mode)")
+    parser.add_argument(
+        "--gym-url",
+        help="train on the gym server at this base URL (cua.agent.gym.kind=http; the config's "
+        "other gym settings that apply to an HTTP gym are kept)",
+    )
     parser.add_argument("--monitor", help="also record to a Training Monitor at this base URL")
     parser.add_argument("--monitor-token", help="bearer token for --monitor (or CUA_MONITOR_TOKEN)")
     parser.add_argument(
@@ -64,6 +69,11 @@ def check_input(args: argparse.Namespace) -> None:
         cli_checks.check_run_dir(args.run_dir)
     if args.monitor:
         cli_checks.check_http_url(args.monitor, "--monitor")
+    if args.gym_url and args.rehearse:
+        raise cli_checks.BadInput("--gym-url: --rehearse runs its own simulator gym; drop one")
+    if args.gym_url:
+        url = cli_checks.check_http_url(args.gym_url, "--gym-url")
+        cli_checks.check_gym_reachable(url, "sim")
 
 
 def build_config(args: argparse.Namespace) -> LoadedConfig:
@@ -84,7 +94,7 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
         overrides.append(f"cua.monitor_token={args.monitor_token}")
     if args.no_warm_start:
         overrides.append("cua.warm_start.enabled=false")
-    return load_config(args.config, overrides)
+    return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

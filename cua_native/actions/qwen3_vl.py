@@ -24,6 +24,7 @@ with ``absolute_pixels=True`` (Qwen2.5-VL) pixels of the smart-resized image, wh
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,7 @@ _THINK_OPEN = ("<think>", "<thinking>")
 _THINK_CLOSE = ("</think>", "</thinking>")
 _THOUGHT = "Thought:"
 _ACTION = "Action:"
+_ACTION_LINE_RE = re.compile(r"^[ \t]*Action:", re.MULTILINE)
 _QUOTE_PAIRS = frozenset({('"', '"'), ("'", "'"), ("“", "”")})
 _COMPUTER_POINTERS: dict[type, str] = {
     Click: "left_click",
@@ -139,18 +141,21 @@ class Qwen3VLDialect:
         try:
             space = self._space(tuple(image_size) if image_size is not None else None)  # type: ignore[arg-type]
             thinking = split_thinking(text.strip(), _THINK_OPEN, _THINK_CLOSE)
-            blocks = tool_call_blocks(thinking.rest)
+            head, body = _split_at_action_line(thinking.rest)
+            blocks = tool_call_blocks(body)
             skipped = calls_before(thinking, warnings)
-            line_thought, summary = _thought_and_action(blocks.prefix if blocks.bodies else "")
+            line_thought, summary = _thought_and_action(
+                head + blocks.prefix if blocks.bodies else ""
+            )
             thought = _join(thinking.thought, line_thought)
             if blocks.bodies:
-                call = load_object(thinking.rest[blocks.first_start :], warnings)
+                call = load_object(body[blocks.first_start :], warnings)
                 if not blocks.closed[0]:
                     warnings.append("<tool_call> not closed")
             else:
-                found = bare_call(thinking.rest, warnings)
+                found = bare_call(body, warnings)
                 if found is None:
-                    if not thinking.rest.strip():
+                    if not body.strip():
                         raise Failure("format", "empty output: no <tool_call> block")
                     raise Failure("format", "no <tool_call> block in the output")
                 call = found
@@ -302,14 +307,32 @@ def _with_time(args: dict[str, Any], seconds: float | None) -> dict[str, Any]:
     return args
 
 
+def _split_at_action_line(text: str) -> tuple[str, str]:
+    """``(head, body)``: the action is read from ``body``, the text from the first line that
+    starts with ``Action:`` on, when a ``<tool_call>`` follows that line (the
+    ``Thought:``/``Action:``/``<tool_call>`` layout of the cookbook and MobileWorld prompts).
+
+    Everything before that line is reasoning: a ``<tool_call>`` written or named in the
+    ``Thought:`` text is neither the action nor the end of the thought (as MobileWorld reads it).
+    Without such a line the whole text is the body.
+    """
+    line = _ACTION_LINE_RE.search(text)
+    if line is None or not tool_call_blocks(text[line.end() :]).bodies:
+        return "", text
+    return text[: line.start()], text[line.start() :]
+
+
 def _thought_and_action(prefix: str) -> tuple[str | None, str | None]:
     """``Thought:`` and ``Action:`` lines before the first tool call; free text is a thought.
 
+    The ``Action:`` marker is the first one that starts a line (``Thought: the Action: button``
+    keeps its text), else the first anywhere (``Thought: … Action: … <tool_call>`` on one line).
     Each value loses one pair of wrapping quotes (``"…"``, ``'…'``, ``“…”``), never a quote on
     one end only: ``Action: Type 'hello'`` keeps its text.
     """
     thought_at = prefix.find(_THOUGHT)
-    action_at = prefix.find(_ACTION)
+    line = _ACTION_LINE_RE.search(prefix)
+    action_at = prefix.find(_ACTION, line.start()) if line is not None else prefix.find(_ACTION)
     summary: str | None = None
     if action_at >= 0:
         summary = unquote(prefix[action_at + len(_ACTION) :])

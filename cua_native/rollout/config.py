@@ -85,7 +85,7 @@ class GymConfig(BaseModel):
     def _options_fit_the_kind(self) -> GymConfig:
         """``options`` are keyword arguments of the kind's client: a simulator option given to
         an HTTP gym is an error here, at load, not a ``TypeError`` after the model loaded."""
-        accepted = _client_options(self.kind)
+        accepted = gym_client_options(self.kind)
         unknown = sorted(set(self.options) - accepted)
         if unknown:
             raise ValueError(
@@ -95,7 +95,7 @@ class GymConfig(BaseModel):
         return self
 
 
-def _client_options(kind: str) -> set[str]:
+def gym_client_options(kind: str) -> set[str]:
     """Keyword arguments ``make_gym`` may pass through ``GymConfig.options`` for ``kind``."""
     import inspect
 

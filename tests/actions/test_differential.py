@@ -1,8 +1,9 @@
 """Differential corpus: cua_native's dialects beside the upstream parsers, run for real.
 
 ``tests/fixtures/differential.jsonl`` (built by ``upstream/build_corpus.py``) holds model outputs,
-the action each means and what the vendored upstream parsers read. Every line is checked three
-ways: cua_native reads the expected action (and thought / ``Action:`` summary where given);
+the action each means and what the vendored upstream parsers (MAI-UI, Qwen-Agent, the Qwen3-VL
+notebook, MobileWorld's Qwen3-VL agent) read. Every line is checked three ways: cua_native reads
+the expected action (and thought / ``Action:`` summary where given);
 upstream, run now, still reads what the line records (so the record is upstream's behaviour, not
 a copy of ours); a line where an upstream reads something else says why in ``note``. The 3,789
 real MAI-UI grounding outputs are read by both MAI-UI dialect names and by MAI-UI's own
@@ -51,6 +52,15 @@ def test_corpus_covers_the_reproduced_cases() -> None:
     ids = {case["id"].split("/")[1] for case in CORPUS}
     assert {"decoy_in_think", "tag_named_in_thought", "call_thinking_call"} <= ids
     assert {"summary_unquoted", "grounding"} <= ids
+    assert {"mw_tag_named_in_thought", "mw_decoy_in_thought", "mw_action_word_in_thought"} <= ids
+    readers = {name for case in CORPUS for name in case["upstream"]}
+    assert readers == {
+        "mai_ui",
+        "mai_ui_grounding",
+        "qwen_agent",
+        "qwen3_vl_cookbook",
+        "mobileworld",
+    }
     assert len(CORPUS) >= 300
 
 
@@ -74,9 +84,11 @@ def test_cua_native_reads_the_expected_action(case: dict[str, Any]) -> None:
 def test_upstream_still_reads_what_the_corpus_records(case: dict[str, Any]) -> None:
     for name, record in case["upstream"].items():
         assert READERS[name](case["text"]) == record, name
-    grid = {"mai_ui": None, "mai_ui_grounding": None}
+    grid = {"mai_ui": None, "mai_ui_grounding": None, "mobileworld": None}
     for name, record in case["upstream"].items():
-        agreed = agrees(record, case["expect"], grid=grid.get(name, 999.0))
+        agreed = agrees(
+            record, case["expect"], grid=grid.get(name, 999.0), summary=case.get("expect_summary")
+        )
         assert agreed == case["agree"][name], name
     if not all(case["agree"].values()):
         assert case.get("note"), "a disagreement with upstream must say why"

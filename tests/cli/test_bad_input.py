@@ -39,6 +39,8 @@ CASES = [
     ("cua_native.train", ["--device", "tpu"], "unknown device 'tpu'"),
     ("cua_native.train", ["--steps", "-1"], "--steps must be at least 1"),
     ("cua_native.train", ["--steps", "0"], "--steps must be at least 1"),
+    ("cua_native.train", ["--gym-url", "http://127.0.0.1:9"], "cannot reach the gym"),
+    ("cua_native.train", ["--gym-url", "ftp://x"], "--gym-url: expected http(s)"),
     ("cua_native.monitor", ["serve", "--db", "notaurl://x"], "unknown database kind"),
     ("cua_native.monitor", ["serve", "--db", "sqlite:///no/such/dir/m.db"], "does not exist"),
 ]

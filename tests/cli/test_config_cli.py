@@ -40,6 +40,68 @@ def test_gym_url_drops_the_configs_simulator_options() -> None:
     assert (gym.kind, gym.base_url, gym.options) == ("http", "http://127.0.0.1:1", {})
 
 
+_MIXED_GYM = """\
+cua:
+  agent:
+    gym:
+      kind: sim
+      gym_id: phone
+      seed: 7
+      allowed_media_domains: [media.example.com]
+      options:
+        screenshot_size: [160, 384]
+        timeouts: {create: 5}
+        auth_token: secret
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_gym_url_keeps_the_configs_http_gym_settings(command: str, tmp_path: Path) -> None:
+    """``--gym-url`` sets kind and address only: what else the config (and the command line)
+    says about the gym stays, except options only the simulator takes."""
+    config = tmp_path / "gym.yaml"
+    config.write_text(_MIXED_GYM)
+    module = {"train": train, "evaluate": evaluate}[command]
+    argv = [
+        "--config",
+        str(config),
+        "cua.agent.gym.options.retries={attempts: 2}",
+        "--gym-url",
+        "http://gym.test:8080",
+    ]
+    gym = module.build_config(module.parse_args(argv)).cua.agent.gym
+    assert (gym.kind, gym.base_url) == ("http", "http://gym.test:8080")
+    assert (gym.gym_id, gym.seed, gym.allowed_media_domains) == ("phone", 7, ["media.example.com"])
+    assert gym.options == {
+        "timeouts": {"create": 5},
+        "auth_token": "secret",
+        "retries": {"attempts": 2},
+    }
+
+
+def test_gym_url_keeps_a_cluster_configs_gym() -> None:
+    args = evaluate.parse_args(
+        ["--config", str(ROOT / "configs" / "qwen3_vl_android.yaml"), "--gym-url", "http://g:1"]
+    )
+    gym = evaluate.build_config(args).cua.agent.gym
+    assert (gym.kind, gym.base_url, gym.gym_id) == ("http", "http://g:1", "android")
+    assert gym.allowed_media_domains == ["tos-cn-beijing.volces.com"]
+
+
+def test_gym_url_leaves_a_misspelt_option_an_error(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text("cua:\n  agent:\n    gym:\n      options:\n        timeoutz: 3\n")
+    args = evaluate.parse_args(["--config", str(config), "--gym-url", "http://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match=r"\['timeoutz'\] are not options of a 'http' gym"):
+        evaluate.build_config(args)
+
+
+def test_gym_url_wins_over_kind_overrides() -> None:
+    args = train.parse_args(["--gym-url", "http://a:1", "cua.agent.gym.kind=sim"])
+    gym = train.build_config(args).cua.agent.gym
+    assert (gym.kind, gym.base_url) == ("http", "http://a:1")
+
+
 def test_yaml_errors_name_the_file_and_the_nearest_key(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("cua:\n  agent: [1,\n")

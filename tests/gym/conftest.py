@@ -151,7 +151,7 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, timeout=10)
+        await asyncio.wait_for(task, timeout=60)
 
 
 @pytest.fixture

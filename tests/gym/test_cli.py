@@ -43,7 +43,8 @@ async def _episode(url: str) -> float:
     gym = HttpGym(
         url,
         "toy",
-        timeouts=GymTimeouts(connect=2, read=5, create=5, act=5, evaluate=5, terminate=5),
+        # generous: the server is another process on a possibly loaded machine
+        timeouts=GymTimeouts(connect=30, read=60, create=60, act=60, evaluate=60, terminate=60),
         retries=RetryPolicy(attempts=8, backoff_s=0.01),
         idempotent_create=True,
     )
@@ -77,7 +78,7 @@ def test_cli_serves_a_gym_with_faults(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=120)  # a loaded machine shuts down slowly too
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

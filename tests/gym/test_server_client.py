@@ -27,7 +27,10 @@ from cua_native.gym.server import create_app
 from cua_native.gym.wire import png_size
 
 FAST_RETRY = RetryPolicy(attempts=4, backoff_s=0.01, backoff_max_s=0.05)
-SHORT = GymTimeouts(connect=2.0, read=5.0, create=5.0, act=5.0, evaluate=5.0, terminate=5.0)
+GENEROUS = GymTimeouts(
+    connect=30.0, read=60.0, create=60.0, act=60.0, evaluate=60.0, terminate=60.0
+)
+"""For tests where no timeout is meant to fire: limits a loaded machine never reaches."""
 
 
 def _assert_no_leak(app: Any, gym: Any) -> None:
@@ -41,7 +44,7 @@ def _assert_no_leak(app: Any, gym: Any) -> None:
 async def test_full_episode_over_http(toy, serve) -> None:
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS)
         assert isinstance(gym, Gym)
         try:
             tasks = await gym.list_tasks()
@@ -79,8 +82,8 @@ async def test_full_episode_over_http(toy, serve) -> None:
 
 async def test_bad_action_is_a_clear_4xx_and_the_execution_continues(toy, serve) -> None:
     app = create_app({"toy": toy})
-    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=5) as raw:
-        gym = HttpGym(url, "toy", client=raw, retries=FAST_RETRY, timeouts=SHORT)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as raw:
+        gym = HttpGym(url, "toy", client=raw, retries=FAST_RETRY, timeouts=GENEROUS)
         execution = await gym.start(await gym.get_task("task-002"))
         try:
             path = f"/api/v1/toy/executions/{execution.execution_id}/actions"
@@ -107,15 +110,15 @@ async def test_bad_action_is_a_clear_4xx_and_the_execution_continues(toy, serve)
 
 async def test_unknown_things_are_404_and_terminate_is_idempotent(toy, serve) -> None:
     app = create_app({"toy": toy})
-    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=5) as raw:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as raw:
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS)
         try:
             with pytest.raises(TaskNotFound) as err:
                 await gym.get_task("task-999")
             assert err.value.status == 404 and "task-999" in err.value.detail
             with pytest.raises(TaskNotFound):
                 await gym.start(_task("task-999"))
-            other = HttpGym(url, "nope", retries=FAST_RETRY, timeouts=SHORT)
+            other = HttpGym(url, "nope", retries=FAST_RETRY, timeouts=GENEROUS)
             with pytest.raises(GymHTTPError) as err:
                 await other.list_tasks()
             assert err.value.status == 404 and "unknown gym" in err.value.detail
@@ -151,7 +154,7 @@ async def test_5xx_on_reads_and_evaluate_are_retried(toy, serve) -> None:
     app = create_app({"toy": toy}, faults)
     retries = RetryPolicy(attempts=12, backoff_s=0.001, backoff_max_s=0.005)
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=retries, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=retries, timeouts=GENEROUS)
         try:
             for _ in range(4):
                 assert len(await gym.list_tasks()) == 5
@@ -169,7 +172,7 @@ async def test_5xx_on_reads_and_evaluate_are_retried(toy, serve) -> None:
         # a gym that fails every read: the client gives up with the status, after its attempts
     always = create_app({"toy": type(toy)()}, FaultProfile(error_share={"list_tasks": 1.0}))
     async with serve(always) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS)
         with pytest.raises(GymHTTPError) as err:
             await gym.list_tasks()
         assert err.value.status == 503 and "injected" in err.value.detail
@@ -180,7 +183,7 @@ async def test_dropped_connections_are_typed_errors_and_close_still_terminates(t
     faults = FaultProfile(seed=1, drop_share={"actions": 1.0, "observation": 1.0})
     app = create_app({"toy": toy}, faults)
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS)
         execution = await gym.start(_task("task-002"))
         try:
             with pytest.raises(GymUnavailable, match="mid-request"):
@@ -256,7 +259,7 @@ async def test_cancelled_create_is_reclaimed_in_the_background(toy, serve) -> No
     toy.start_gate = asyncio.Event()
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT, idempotent_create=True)
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True)
         starting = asyncio.create_task(gym.start(_task("task-001")))
         await _until(lambda: toy.start_calls == 1, "create reached the gym")
         starting.cancel()
@@ -315,7 +318,7 @@ async def test_many_episodes_under_random_faults_terminate_everything_exactly_on
 async def test_server_shutdown_closes_live_executions(toy, serve) -> None:
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS)
         first = await gym.start(_task("task-001"))
         second = await gym.start(_task("task-002"))
         await gym.aclose()
@@ -350,13 +353,15 @@ async def test_failed_creation_is_a_502_and_an_idempotent_retry_starts_afresh(to
     toy.fail_starts = 1
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        once = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT, idempotent_create=False)
+        once = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=False)
         toy_task = _task("task-002")
         with pytest.raises(GymHTTPError) as err:
             await once.start(toy_task)
         assert err.value.status == 502 and "device pool exhausted" in err.value.detail
         toy.fail_starts = 1
-        retrying = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=SHORT, idempotent_create=True)
+        retrying = HttpGym(
+            url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True
+        )
         execution = await retrying.start(toy_task)
         await execution.close()
         await once.aclose()
@@ -394,7 +399,7 @@ async def test_unreachable_gym_is_gym_unavailable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    gym = HttpGym(f"http://127.0.0.1:{port}", "toy", retries=FAST_RETRY, timeouts=SHORT)
+    gym = HttpGym(f"http://127.0.0.1:{port}", "toy", retries=FAST_RETRY, timeouts=GENEROUS)
     with pytest.raises(GymUnavailable, match="cannot reach gym"):
         await gym.list_tasks()
     with pytest.raises(GymUnavailable, match="cannot reach gym"):

@@ -15,7 +15,10 @@ from cua_native.gym.server import create_app
 from cua_native.gym.server_guards import ServerLimits
 
 RETRY = RetryPolicy(attempts=2, backoff_s=0.01)
-SHORT = GymTimeouts(connect=5.0, read=10.0, create=10.0, act=10.0, evaluate=10.0, terminate=10.0)
+GENEROUS = GymTimeouts(
+    connect=30.0, read=60.0, create=60.0, act=60.0, evaluate=60.0, terminate=60.0
+)
+"""No timeout is under test here: limits a loaded machine never reaches."""
 
 
 class FakeClock:
@@ -33,7 +36,7 @@ def _task(task_id: str = "task-001") -> Task:
 async def test_max_live_is_a_429_with_a_clear_detail(toy, serve) -> None:
     app = create_app({"toy": toy}, limits=ServerLimits(max_live=2))
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         try:
             first = await gym.start(_task())
             await gym.start(_task())
@@ -55,7 +58,7 @@ async def test_idle_executions_are_reaped_on_a_fake_clock(toy, serve) -> None:
     app = create_app({"toy": toy}, limits=limits, clock=clock)
     state = app.state.gym_server
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         try:
             abandoned = await gym.start(_task())  # its client "dies": never closed
             used = await gym.start(_task())
@@ -80,7 +83,7 @@ async def test_idle_executions_are_reaped_on_a_fake_clock(toy, serve) -> None:
 async def test_body_over_the_cap_is_a_413_by_header_or_stream(toy, serve) -> None:
     app = create_app({"toy": toy}, limits=ServerLimits(max_body_bytes=4096))
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        gym = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         execution = await gym.start(_task())
         path = f"{url}/api/v1/toy/executions/{execution.execution_id}/actions"
         big = b'{"action": {"type": "type", "text": "' + b"x" * 8000 + b'"}}'
@@ -89,7 +92,7 @@ async def test_body_over_the_cap_is_a_413_by_header_or_stream(toy, serve) -> Non
             for start in range(0, len(big), 1000):
                 yield big[start : start + 1000]
 
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             declared = await client.post(path, content=big)
             streamed = await client.post(path, content=chunks())
             small = await client.post(path, json={"action": {"type": "type", "text": "ok"}})
@@ -105,9 +108,11 @@ async def test_bearer_auth_guards_every_route(toy, serve, monkeypatch) -> None:
     app = create_app({"toy": toy}, limits=ServerLimits(auth_token="s3cret"))
     monkeypatch.setenv("TEST_GYM_TOKEN", "s3cret")
     async with serve(app) as url:
-        anonymous = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
-        wrong = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT, auth_token="guess")
-        right = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT, auth_token_env="TEST_GYM_TOKEN")
+        anonymous = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
+        wrong = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS, auth_token="guess")
+        right = HttpGym(
+            url, "toy", retries=RETRY, timeouts=GENEROUS, auth_token_env="TEST_GYM_TOKEN"
+        )
         try:
             for client in (anonymous, wrong):
                 with pytest.raises(GymHTTPError) as err:
@@ -145,7 +150,7 @@ def _genv_like(toy: Any) -> FastAPI:
 
 async def test_idempotent_create_auto_follows_the_servers_capabilities(toy, serve) -> None:
     async with serve(create_app({"toy": toy})) as url:
-        ours = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        ours = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         assert ours.idempotent_create == "auto"
         execution = await ours.start(_task())
         assert ours.idempotent_create is True
@@ -153,7 +158,7 @@ async def test_idempotent_create_auto_follows_the_servers_capabilities(toy, serv
         await ours.aclose()
     genv = _genv_like(toy)
     async with serve(genv) as url:
-        theirs = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        theirs = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         execution = await theirs.start(_task())
         assert theirs.idempotent_create is False
         assert genv.state.seen == [{"options": {}}]  # no request id sent to genv
@@ -164,8 +169,8 @@ async def test_idempotent_create_auto_follows_the_servers_capabilities(toy, serv
 
 async def test_held_executions_counts_only_this_clients_creates(toy, serve) -> None:
     async with serve(create_app({"toy": toy})) as url:
-        mine = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
-        other = HttpGym(url, "toy", retries=RETRY, timeouts=SHORT)
+        mine = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
+        other = HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS)
         try:
             kept = await mine.start(_task())
             theirs = await other.start(_task())
@@ -192,7 +197,7 @@ async def test_evaluate_counts_what_the_server_still_holds(toy, serve) -> None:
     from cua_native.evaluate import CountingGym
 
     async with serve(create_app({"toy": toy})) as url:
-        counting = CountingGym(HttpGym(url, "toy", retries=RETRY, timeouts=SHORT))
+        counting = CountingGym(HttpGym(url, "toy", retries=RETRY, timeouts=GENEROUS))
         seen = await counting.start(_task())
         await seen.close()
         orphan = await counting.inner.start(_task())

@@ -18,10 +18,10 @@ def _blocked_pool() -> tuple[RankedPool, threading.Event, threading.Event]:
 
     def hold() -> None:
         running.set()
-        release.wait(5)
+        release.wait(120)  # every test sets it; the bound only ends a broken one
 
     pool.submit(hold)
-    assert running.wait(5)
+    assert running.wait(120)
     return pool, release, running
 
 

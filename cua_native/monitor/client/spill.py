@@ -286,13 +286,17 @@ class SinkChannel:
         self._wake.set()
 
     async def aclose(self) -> None:
-        """Stop; deliver what is left if the sink is up, spill the rest. Never raises."""
+        """Stop; try once more to deliver what is left, spill the rest. Never raises.
+
+        The last try is made even while a retry was waiting out its backoff (a slow answer or a
+        restart during the run must not keep the run's end from the sink); only a sink that
+        refused us as a whole (``halted``) is not tried again."""
         self._stopping = True
         self._wake.set()
         try:
             if self._task is not None:
                 await self._task
-            if self._delay == 0.0 and self.halted is None:
+            if self.halted is None:
                 await self._attempt()
             await self._spill_rows(self.waiting + self.inbox)
             self.waiting, self.inbox = [], []

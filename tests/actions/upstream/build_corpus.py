@@ -353,9 +353,190 @@ def _qwen_cases() -> list[dict[str, Any]]:
     return cases
 
 
+def _mobileworld_cases() -> list[dict[str, Any]]:
+    """MobileWorld's own layout (``Thought:`` / ``Action:`` / one ``<tool_call>``) and its edges."""
+    t, s = THOUGHT, "Tap the search bar"
+    decoy = _call(DECOY, compact=False)
+    cases = []
+    for label, args, expect in QWEN_ACTIONS:
+        call = _call(args, compact=False)
+        templates: list[tuple[str, str, str | None, str | None, str | None]] = [
+            ("layout", f"Thought: {t}\nAction: {s}\n{call}", t, s, None),
+            (
+                "tag_named_in_thought",
+                f'Thought: I will emit a <tool_call> that acts.\nAction: "{s}"\n{call}',
+                "I will emit a <tool_call> that acts.",
+                s,
+                "the notebook splits at the first <tool_call>, in the Thought: line",
+            ),
+            (
+                "decoy_in_thought",
+                f'Thought: Maybe {decoy} first? No.\nAction: "{s}"\n{call}',
+                f"Maybe {decoy} first? No.",
+                s,
+                "Qwen-Agent and the notebook take the first <tool_call>, written in the Thought:"
+                " line; the action is the call after the Action: line",
+            ),
+            (
+                "call_before_action_line",
+                f'Thought: {t}\n{decoy}\nAction: "{s}"\n{call}',
+                f"{t}\n{decoy}",
+                s,
+                "Qwen-Agent and the notebook take the first <tool_call>; the action is the call"
+                " after the Action: line",
+            ),
+            (
+                "action_word_in_thought",
+                f'Thought: The Action: menu is greyed out.\nAction: "{s}"\n{call}',
+                "The Action: menu is greyed out.",
+                s,
+                None,
+            ),
+            (
+                "one_line",
+                f'Thought: {t} Action: "{s}" ' + call.replace("\n", ""),
+                t,
+                s,
+                "the notebook needs a newline after <tool_call>",
+            ),
+            (
+                "think_then_lines",
+                f'<think>\nfirst look\n</think>\nThought: {t}\nAction: "{s}"\n{call}',
+                f"first look\n{t}",
+                s,
+                None,
+            ),
+            ("thought_only", f"Thought: {t}\n{call}", t, None, None),
+            (
+                "unclosed_call",
+                f'Thought: {t}\nAction: "{s}"\n' + call.removesuffix("\n</tool_call>"),
+                t,
+                s,
+                "Qwen-Agent reads no call without </tool_call>",
+            ),
+        ]
+        for name, text, thought, summary, note in templates:
+            cases.append(
+                _case(
+                    f"qwen3_vl/mw_{name}/{label}", "qwen3_vl", text, expect, thought, summary, note
+                )
+            )
+    head = f'Thought: {t}\nAction: "{s}"\n'
+    box_note = (
+        "a box is read as its centre (as MobileWorld reads it); Qwen-Agent and the notebook"
+        " pass the four numbers on"
+    )
+    one_offs: list[tuple[str, str, dict[str, Any], str | None]] = [
+        (
+            "box",
+            _call({"action": "click", "coordinate": [400, 60, 494, 102]}, compact=False),
+            {"type": "click", "x": _unit(447), "y": _unit(81)},
+            box_note,
+        ),
+        (
+            "swipe_box",
+            _call(
+                {"action": "swipe", "coordinate": [500, 800], "coordinate2": [480, 180, 520, 220]},
+                compact=False,
+            ),
+            dict(next(e for label, _, e in QWEN_ACTIONS if label == "swipe")),
+            box_note,
+        ),
+        (
+            "fraction",
+            _call({"action": "click", "coordinate": [0.52, 0.25]}, compact=False),
+            {"type": "click", "x": 0.52, "y": 0.25},
+            None,
+        ),
+        (
+            "menu",
+            _call({"action": "system_button", "button": "Menu"}, compact=False),
+            {"type": "system_button", "button": "menu"},
+            None,
+        ),
+        (
+            "ask_user",
+            _call({"action": "ask_user", "text": "Which account?"}, compact=False),
+            {"type": "ask_user", "text": "Which account?"},
+            None,
+        ),
+        (
+            "mcp",
+            _call({"city": "Hangzhou"}, name="get_weather", compact=False),
+            {"type": "tool_call", "name": "get_weather", "arguments": {"city": "Hangzhou"}},
+            None,
+        ),
+        (
+            "trailing_comma",
+            '<tool_call>\n{"name": "mobile_use", "arguments": {"action": "click",'
+            ' "coordinate": [447, 81],}}\n</tool_call>',
+            {"type": "click", "x": _unit(447), "y": _unit(81)},
+            "the notebook's json.loads rejects a trailing comma; cua_native and Qwen-Agent (json5)"
+            " repair it",
+        ),
+    ]
+    for name, call, expect, note in one_offs:
+        cases.append(_case(f"qwen3_vl/mw_{name}", "qwen3_vl", head + call, expect, t, s, note))
+    return cases
+
+
+_MOBILEWORLD_WHY = (
+    (
+        "TypeError: 'NoneType' object is not subscriptable",
+        "MobileWorld reads a call only after Thought: and Action: lines (TypeError without"
+        " them); cua_native reads the call",
+    ),
+    (
+        "no device action for 'key'",
+        "MobileWorld's device has no mobile_use key action (its prompt offers none) and does"
+        " nothing; cua_native reads the key press",
+    ),
+    (
+        "ValueError: Unsupported button: Menu",
+        "MobileWorld's device has no Menu button and raises; the canonical action keeps it (the"
+        " gym decides what it can press)",
+    ),
+    (
+        "ValueError: Failed to parse tool_call JSON",
+        "MobileWorld's json.loads rejects non-strict JSON; cua_native repairs it",
+    ),
+)
+
+
+def _mobileworld_note(
+    record: dict[str, Any], expect: dict[str, Any], summary: str | None, text: str
+) -> str:
+    """Why MobileWorld's reading differs from ``expect``; raises for a difference not explained."""
+    if not record["ok"] and text.count("Action:") > 1:
+        return (
+            "MobileWorld splits at the first 'Action:', inside the Thought: text, and finds no"
+            " call before the next one (TypeError); cua_native reads the Action: line"
+        )
+    if not record["ok"]:
+        for prefix, why in _MOBILEWORLD_WHY:
+            if record["error"].startswith(prefix):
+                return why
+    elif record["summary"] != summary:
+        if summary is not None and "Action: " in str(record["thought"]) + str(record["summary"]):
+            return (
+                "MobileWorld splits at the first 'Action:', inside the Thought: text; cua_native"
+                " at the Action: line"
+            )
+        return (
+            "MobileWorld strips only double quotes from the Action: line; cua_native strips one"
+            " matching pair of double, single or curly quotes"
+        )
+    elif expect.get("x") == 0.52:
+        return (
+            "fractions in [0, 1] are read as normalised (docs/actions.md); MobileWorld divides"
+            " by 999"
+        )
+    raise AssertionError(f"unexplained MobileWorld difference: {record} vs {expect}")
+
+
 def _applicable(dialect: str, text: str) -> tuple[str, ...]:
     if dialect == "qwen3_vl":
-        return ("qwen_agent", "qwen3_vl_cookbook")
+        return ("qwen_agent", "qwen3_vl_cookbook", "mobileworld")
     return ("mai_ui_grounding",) if "<answer>" in text else ("mai_ui",)
 
 
@@ -368,9 +549,18 @@ def _case(
     summary: str | None,
     note: str | None,
 ) -> dict[str, Any]:
-    grid = {"mai_ui": None, "mai_ui_grounding": None, "qwen_agent": G, "qwen3_vl_cookbook": G}
+    grid = {
+        "mai_ui": None,
+        "mai_ui_grounding": None,
+        "qwen_agent": G,
+        "qwen3_vl_cookbook": G,
+        "mobileworld": None,
+    }
     upstream = {name: READERS[name](text) for name in _applicable(dialect, text)}
-    agree = {name: agrees(rec, expect, grid=grid[name]) for name, rec in upstream.items()}
+    agree = {
+        name: agrees(rec, expect, grid=grid[name], summary=summary)
+        for name, rec in upstream.items()
+    }
     line: dict[str, Any] = {"id": case_id, "dialect": dialect, "text": text, "expect": expect}
     if thought is not None:
         line["expect_thought"] = thought
@@ -378,13 +568,16 @@ def _case(
         line["expect_summary"] = summary
     line["upstream"] = upstream
     line["agree"] = agree
+    if "mobileworld" in agree and not agree["mobileworld"]:
+        why = "MobileWorld: " + _mobileworld_note(upstream["mobileworld"], expect, summary, text)
+        note = why if note is None else f"{note}; {why}"
     if note is not None:
         line["note"] = note
     return line
 
 
 def build() -> list[dict[str, Any]]:
-    return _mai_cases() + _grounding_cases() + _qwen_cases()
+    return _mai_cases() + _grounding_cases() + _qwen_cases() + _mobileworld_cases()
 
 
 def main() -> None:

@@ -14,11 +14,12 @@ from typing import Any
 
 import json5
 import upstream_mai_ui
+import upstream_mobileworld
 import upstream_qwen3_vl_cookbook
 from upstream_qwen_agent_nous import NousFnCallPrompt
 from upstream_qwen_agent_schema import ContentItem, Message
 
-UPSTREAMS = ("mai_ui", "mai_ui_grounding", "qwen_agent", "qwen3_vl_cookbook")
+UPSTREAMS = ("mai_ui", "mai_ui_grounding", "qwen_agent", "qwen3_vl_cookbook", "mobileworld")
 """Which upstream parser a record comes from (MAI-UI navigation and grounding are two parsers)."""
 
 
@@ -89,11 +90,50 @@ def read_qwen3_vl_cookbook(text: str) -> dict[str, Any]:
         return _error(exc)
 
 
+MOBILEWORLD_SCREEN = (1080, 2400)
+"""Screen (width, height) MobileWorld's device-action mapping is run with (any size would do)."""
+
+
+def read_mobileworld(text: str) -> dict[str, Any]:
+    """MobileWorld's Qwen3-VL agent (``Qwen3VLAgentMCP.predict`` after the model call).
+
+    ``parse_action_to_structure_output`` (points divided by 999; ``thinking`` and ``conclusion``
+    from the ``Thought:``/``Action:`` lines), then for ``mobile_use`` the device-action mapping:
+    an action it maps to nothing (``{}``: the device does nothing) or raises on is not read.
+    Other tool names are MCP calls, passed on as they are.
+    """
+    try:
+        parsed = upstream_mobileworld.parse_action_to_structure_output(text)
+    except Exception as exc:  # upstream raises ValueError, TypeError, AttributeError …
+        return _error(exc)
+    record = {
+        "ok": True,
+        "name": parsed["action_name"],
+        "arguments": parsed["action_json"],
+        "thought": parsed["thinking"],
+        "summary": parsed["conclusion"],
+    }
+    if parsed["action_name"] != "mobile_use":
+        return record
+    width, height = MOBILEWORLD_SCREEN
+    try:
+        device = upstream_mobileworld.parsing_response_to_andoid_world_env_action(
+            parsed, height, width
+        )
+    except Exception as exc:
+        return _error(exc)
+    if not device:
+        kind = parsed["action_json"].get("action")
+        return {"ok": False, "error": f"no device action for {kind!r}"}
+    return record
+
+
 READERS = {
     "mai_ui": read_mai_ui,
     "mai_ui_grounding": read_mai_ui_grounding,
     "qwen_agent": read_qwen_agent,
     "qwen3_vl_cookbook": read_qwen3_vl_cookbook,
+    "mobileworld": read_mobileworld,
 }
 
 # upstream action name -> canonical type, per the mapping of docs/actions.md
@@ -121,16 +161,26 @@ _POINTS = (
 )
 
 
-def agrees(record: dict[str, Any], expect: dict[str, Any], *, grid: float | None) -> bool:
+def agrees(
+    record: dict[str, Any],
+    expect: dict[str, Any],
+    *,
+    grid: float | None,
+    summary: str | None = None,
+) -> bool:
     """Whether upstream's record reads the same action as ``expect`` (a canonical action JSON).
 
     ``grid``: the scale upstream's raw coordinates are on (Qwen-Agent, the cookbook: 999);
-    ``None`` when upstream already divided them (MAI-UI). Compared: the action type, the points
-    (within half a grid step) and the text of ``type``/``answer``/``open``.
+    ``None`` when upstream already divided them (MAI-UI, MobileWorld). Compared: the action type,
+    the points (within half a grid step) and the text of ``type``/``answer``/``open``; for an
+    upstream that reads the ``Action:`` line (MobileWorld's ``conclusion``, which goes into its
+    history) and a case that gives the ``summary`` expected, that line too.
     """
     if "error" in expect:
         return not record["ok"]
     if not record["ok"]:
+        return False
+    if "summary" in record and summary is not None and record["summary"] != summary:
         return False
     if expect["type"] == "tool_call":
         return record["name"] == expect["name"] and record["arguments"] == expect["arguments"]

@@ -114,7 +114,7 @@ async def ingest_server(store: MonitorStore, port: int) -> AsyncIterator[str]:
         await task
 
 
-async def wait_for(predicate: Any, within: float = 20.0) -> None:
+async def wait_for(predicate: Any, within: float = 120.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while not predicate():

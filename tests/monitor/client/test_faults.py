@@ -37,7 +37,7 @@ from cua_native.monitor.service import schema
 from cua_native.monitor.service.dashboard.app import create_app
 from cua_native.monitor.service.store import MonitorStore
 
-FAST = {"flush_interval": 0.02, "backoff": (0.01, 0.05), "send_timeout": 5.0}
+FAST = {"flush_interval": 0.02, "backoff": (0.01, 0.05), "send_timeout": 120.0}
 
 
 class SwitchSink(SqlSink):

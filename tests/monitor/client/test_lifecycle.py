@@ -25,11 +25,12 @@ from cua_native.monitor.client.lifecycle import (
     redact,
 )
 from cua_native.monitor.client.recorder import Recorder
-from cua_native.monitor.client.sinks import SqlSink
+from cua_native.monitor.client.sinks import SinkUnavailable, SqlSink
 from cua_native.monitor.service import schema
 from cua_native.monitor.service.store import MonitorStore
 
-FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 5.0}
+FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 120.0}
+"""Short poll intervals; a send timeout no loaded machine reaches (these tests time nothing)."""
 
 
 def areal_stats() -> dict[str, float]:
@@ -135,6 +136,52 @@ async def test_every_way_out_is_recorded(
     assert message in ((training.error_message or "") + (training.status_message or ""))
     with store.session() as session:
         assert session.scalars(select(schema.Step.status)).one() == "failed"
+
+
+class FailsOnce:
+    """The real ``SqlSink`` whose first delivery fails as a slow or restarting store does
+    (``SinkUnavailable``: a send past its timeout, a locked database)."""
+
+    def __init__(self, inner: SqlSink) -> None:
+        self.inner = inner
+        self.failed = asyncio.Event()
+        for field in ("name", "address", "destination", "accepts_client_refs", "contract_only"):
+            setattr(self, field, getattr(inner, field))
+
+    async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if not self.failed.is_set():
+            self.failed.set()
+            raise SinkUnavailable("no answer in 5.0s")
+        return await self.inner.send(batch)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_end_is_delivered_after_a_failed_send(
+    store: MonitorStore, tmp_path: Path
+) -> None:
+    """A send that failed during the run (under load: one past ``send_timeout``) leaves the
+    channel waiting out its backoff when the run ends; the end of the run is still delivered
+    at close, not left in the spill (``test_every_way_out_is_recorded`` failed this way)."""
+    sink = FailsOnce(SqlSink(store, owns_store=False))
+    recorder = Recorder(
+        [sink],
+        run_dir=tmp_path / "run",
+        flush_interval=0.02,
+        backoff=(3600.0, 3600.0),  # the retry would only come after the run: close must send
+        send_timeout=120.0,
+    )
+    with pytest.raises(RuntimeError):
+        async with TrainingMonitor(recorder, model_name="m"):
+            recorder.step_started(0)
+            await sink.failed.wait()  # the run's first rows failed to deliver
+            raise RuntimeError("boom")
+    (training,) = _training(store)
+    assert training.status == "failed" and "RuntimeError: boom" in (training.error_message or "")
+    with store.session() as session:
+        assert session.scalars(select(schema.Step.status)).one() == "failed"
+    assert recorder.undelivered() == []
 
 
 async def test_sigterm_cancels_the_run_and_closes_what_is_open(

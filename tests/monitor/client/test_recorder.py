@@ -22,7 +22,7 @@ from cua_native.monitor.client.sinks import HttpSink, SqlSink, id_pairs
 from cua_native.monitor.service import schema
 from cua_native.monitor.service.store import MonitorStore
 
-FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 5.0}
+FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 120.0}
 
 
 async def test_full_episode_arrives_with_relations(store: MonitorStore, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ async def test_outage_mid_run_delivers_everything_once(store: MonitorStore, tmp_
     port = free_port()
     run_dir = tmp_path / "run"
     async with ingest_server(store, port) as url:
-        recorder = Recorder([HttpSink(url, TOKEN, timeout=2.0)], run_dir=run_dir, **FAST)
+        recorder = Recorder([HttpSink(url, TOKEN, timeout=60.0)], run_dir=run_dir, **FAST)
         await recorder.start()
         recorder.training_started(model_name="m")
         recorder.step_started(0)
@@ -151,7 +151,7 @@ async def test_next_recorder_redelivers_the_spill(store: MonitorStore, tmp_path:
     port = free_port()
     run_dir = tmp_path / "run"
     async with ingest_server(store, port) as url:
-        first = Recorder([HttpSink(url, TOKEN, timeout=2.0)], run_dir=run_dir, **FAST)
+        first = Recorder([HttpSink(url, TOKEN, timeout=60.0)], run_dir=run_dir, **FAST)
         await first.start()
         first.training_started(model_name="m")
         first.step_started(0)
@@ -161,7 +161,7 @@ async def test_next_recorder_redelivers_the_spill(store: MonitorStore, tmp_path:
     await first.aclose()
     assert first.stats()["monitor/http/spilled"] > 0
     async with ingest_server(store, port) as url:
-        second = Recorder([HttpSink(url, TOKEN, timeout=2.0)], run_dir=run_dir, **FAST)
+        second = Recorder([HttpSink(url, TOKEN, timeout=60.0)], run_dir=run_dir, **FAST)
         async with second:
             await wait_for(lambda: count(store, schema.Turn) == 3)
             await wait_for(lambda: second.stats()["monitor/http/spilled"] == 0)

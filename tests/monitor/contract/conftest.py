@@ -38,7 +38,7 @@ def server(store: MonitorStore) -> Iterator[str]:
     thread = threading.Thread(target=running.run, daemon=True)
     thread.start()
     try:
-        for _ in range(2000):  # bounded: the server binds within a few ms
+        for _ in range(12_000):  # bounded, generous under load (~2 min); binds in a few ms
             if running.started:
                 break
             thread.join(0.01)
