@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from cua_native.engine.kv_arena import KVArena
 
@@ -53,12 +54,12 @@ def pick_attention(kind: str, device: torch.device, dtype: torch.dtype) -> str:
     return kind
 
 
-def _text_model(model: torch.nn.Module) -> Any:
+def _text_model(model: PreTrainedModel) -> Any:
     inner = getattr(model, "model", None)
     return getattr(inner, "language_model", inner)
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def unsupported_reason(model: PreTrainedModel) -> str | None:
     """``None`` when ``TextStack`` can decode ``model``, else the reason it cannot."""
     text = _text_model(model)
     config = getattr(text, "config", None)
@@ -84,9 +85,11 @@ def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     back) through PyTorch's one-kernel ``rms_norm``; other norm modules are called as is."""
     eps = getattr(module, "variance_epsilon", None)
     if eps is None or not type(module).__name__.endswith("RMSNorm"):
-        return module(x)
+        out: torch.Tensor = module(x)
+        return out
     normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-    return module.weight * normed.to(x.dtype)
+    weight: torch.Tensor = module.weight  # type: ignore[assignment]  # nn.Module.__getattr__
+    return weight * normed.to(x.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,7 @@ class StepInputs:
 class TextStack:
     """The decode step of one model; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, attention: str = "matmul") -> None:
+    def __init__(self, model: PreTrainedModel, attention: str = "matmul") -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode unsupported: {reason}")
@@ -148,7 +151,8 @@ class TextStack:
             out = attend(q, keys, values, context, float(attn.scaling))
             hidden = hidden + attn.o_proj(out.reshape(batch, 1, self.heads * self.head_dim))
             hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
-        return self._head(_rms_norm(text.norm, hidden)[:, 0])
+        logits: torch.Tensor = self._head(_rms_norm(text.norm, hidden)[:, 0])
+        return logits
 
     def _context(
         self, arena: KVArena, batch: int, inputs: StepInputs, device: torch.device
@@ -201,7 +205,7 @@ class TextStack:
             scale=scaling,
             seqused_k=used,
         )[0]
-        return out
+        return out  # type: ignore[no-any-return]  # torch.ops are untyped
 
 
 class DecodeGraphs:

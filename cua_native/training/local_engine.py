@@ -25,6 +25,7 @@ from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
 from areal.utils import stats_tracker
 from areal.utils.data import concat_padded_tensors
 from areal.utils.functional import gather_logprobs_entropy
+from transformers import PreTrainedModel
 
 PER_TOKEN_KEYS = frozenset(
     {
@@ -51,7 +52,7 @@ class LocalTrainEngine(TrainEngine):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         *,
         lr: float = 1e-4,
         weight_decay: float = 0.0,
@@ -61,7 +62,8 @@ class LocalTrainEngine(TrainEngine):
         processor: Any = None,
     ) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        # transformers wraps `to` in functools.wraps, which mypy reads as an unbound function.
+        self.model = model.to(self.device)  # type: ignore[arg-type]
         self.temperature = temperature
         self.grad_clip = grad_clip
         self.processor = processor
