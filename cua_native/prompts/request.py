@@ -103,9 +103,10 @@ def vllm_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render_text(processor: Any, messages: Sequence[dict[str, Any]]) -> str:
-    return processor.apply_chat_template(
+    text: str = processor.apply_chat_template(
         tokenizer_messages(messages), tokenize=False, add_generation_prompt=True
     )
+    return text
 
 
 def image_token_count(processor: Any, image: PreparedImage) -> int:

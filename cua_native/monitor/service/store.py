@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -84,7 +84,7 @@ only ``run_name``, ``status``, ``current_phase``, ``experiment_name`` and ``tria
 class _Kind:
     model: type[Base]
     entity: str
-    foreign_keys: dict[str, tuple[str, type[Base]]] = field(default_factory=dict)
+    foreign_keys: Mapping[str, tuple[str, type[Base]]] = field(default_factory=dict)
     """column → (client-id key in the record, parent model)."""
     natural_key: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
@@ -278,7 +278,9 @@ class _BatchWriter:
         wanted = [c for c in set(client_ids) if (model, c) not in self.rows]
         if not wanted:
             return
-        found = self.session.scalars(select(model).where(model.client_id.in_(wanted)))  # type: ignore[attr-defined]
+        found: Iterable[Any] = self.session.scalars(
+            select(model).where(model.client_id.in_(wanted))  # type: ignore[attr-defined]
+        )
         for row in found:
             self.rows[(model, row.client_id)] = row
         for client_id in wanted:
@@ -428,7 +430,7 @@ class _BatchWriter:
         return False
 
     def _rollout_source(
-        self, row: Rollout | None, values: dict[str, Any], client_id: str
+        self, row: Rollout | None, values: dict[str, Any], client_id: str | None
     ) -> dict[str, Any]:
         """Infer ``source_type`` from the one parent given, when the record does not name it."""
         if "source_type" in values:
@@ -526,9 +528,9 @@ class _Progress:
         for step in self._rows(Step, steps):
             self._step(step)
             trainings.add(step.training_id)
-        for model, ids in ((Eval, evals), (Baseline, baselines)):
-            for row in self._rows(model, ids):
-                self._eval_like(row, model)
+        for eval_model, ids in ((Eval, evals), (Baseline, baselines)):
+            for row in self._rows(eval_model, ids):
+                self._eval_like(row, eval_model)
         for training in self._rows(Training, trainings):
             self._training(training)
         self.session.flush()
