@@ -21,7 +21,7 @@ left at AReaL's default (``docs/design-notes.md``, "The cluster path"):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from cua_native.config import ConfigError, LoadedConfig
 
@@ -33,7 +33,8 @@ VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
 def backend_name(loaded: LoadedConfig) -> str:
-    return loaded.areal.rollout.backend.split(":", 1)[0]
+    backend: str = loaded.areal.rollout.backend
+    return backend.split(":", 1)[0]
 
 
 def packs_sequences(attn_impl: str) -> bool:
@@ -42,7 +43,7 @@ def packs_sequences(attn_impl: str) -> bool:
     return attn_impl in VARLEN_ATTENTION
 
 
-def _fail(field: str, message: str) -> None:
+def _fail(field: str, message: str) -> NoReturn:
     raise ConfigError(f"config error: {field}: {message}")
 
 

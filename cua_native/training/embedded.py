@@ -77,7 +77,8 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]]) -> dict[str, float]:
     advantages = actor.compute_advantages(batch)
     actor.ppo_update(advantages)
     actor.engine.lr_scheduler_step()
-    return stats_tracker.export_all()
+    stats: dict[str, float] = stats_tracker.export_all()
+    return stats
 
 
 def _version_dir(trainer_engine: Any) -> str:
