@@ -103,7 +103,6 @@ def plan_rehearsal(
         ("total_train_steps", steps), ("total_train_epochs", steps),
         ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
         ("actor.ppo_n_minibatches", 1), ("saver.freq_steps", steps),
-        ("evaluator.freq_steps", 1 if cua.eval_tasks is not None else None),
         ("cua.eval_every", 1 if cua.eval_tasks is not None else 0),
         ("cua.tasks.limit", 4), ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
         ("cua.agent.group_size", 2), ("cua.agent.max_turns", 2),
