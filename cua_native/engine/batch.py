@@ -18,7 +18,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, PreTrainedModel
 
-from cua_native.engine.inputs import VisionSpec, mm_token_type_ids
+from cua_native.engine.inputs import VisionSpec
+from cua_native.prompts.token_types import mm_token_type_ids
 
 _DECODE_SDPA_BACKENDS = (
     SDPBackend.FLASH_ATTENTION,
@@ -85,7 +86,9 @@ class BatchDecoder:
             pos: torch.Tensor
             pos, _ = self._rope_index(
                 ids[None],
-                mm_token_type_ids=mm_token_type_ids(ids[None], self._spec),
+                mm_token_type_ids=mm_token_type_ids(
+                    ids[None], self._spec.image_token_id, self._spec.video_token_id
+                ),
                 image_grid_thw=row.mm.get("image_grid_thw"),
                 video_grid_thw=row.mm.get("video_grid_thw"),
             )
