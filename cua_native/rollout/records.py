@@ -149,7 +149,9 @@ class EpisodeObserver(Protocol):
 
 
 class NullObserver:
-    """Records nothing."""
+    """Records nothing; a base for observers that only need some of the hooks."""
+
+    __slots__ = ()
 
     def episode_started(self, context: EpisodeContext) -> None:
         return None
@@ -185,7 +187,7 @@ class FanoutObserver:
 
 
 @dataclass(slots=True)
-class EpisodeTally:
+class EpisodeTally(NullObserver):
     """Counts finished episodes: the one tally of step summaries, evaluations and the
     ``evaluate`` command (an observer, or fed with ``episode_finished(record)``)."""
 
@@ -197,12 +199,6 @@ class EpisodeTally:
     parse_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
     token_mismatches: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
-
-    def episode_started(self, context: EpisodeContext) -> None:
-        return None
-
-    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None:
-        return None
 
     def episode_finished(self, record: EpisodeRecord) -> None:
         if record.outcome == "rejected":
