@@ -16,11 +16,16 @@ Sections (``--sections``, all by default):
   prompt length, as in real rollouts. The tokenizer is the tiny one (only the text part of the
   prompt is shorter than with Qwen's real vocabulary). Each decoder of ``--real-decoders``
   (default ``slots,legacy``: the old static-batching path stays measurable in the same run)
-  is measured on the same turns; batch-1 decode is printed beside its HBM bound (text
-  weights + the row's KV read once per step at the measured copy bandwidth), and the
-  largest concurrency beside plain ``model.generate`` on the same inputs
+  is measured on the same turns: single turns with the decoders alternating on each
+  prompt (which goes first alternates too), then a breakdown of one turn's time to first
+  token (prefill forward, arena copy, first sampling, the rest); batch-1 decode is printed
+  beside its HBM bound (text weights + the row's KV read once per step at the measured copy
+  bandwidth), and the largest concurrency beside plain ``model.generate`` on the same inputs
   (``--real-generate dynamic,static``: default cache; static cache, which transformers
-  compiles). ``--profile`` adds a torch.profiler table of one slots-decoder turn.
+  compiles), as one batch or, where that runs out of memory, in batches of
+  ``--real-generate-chunk`` rows one after another. ``--profile`` adds a torch.profiler
+  table of one slots-decoder turn; ``--no-decode-compile`` keeps the slots decoder's
+  graphs eager-kernel (no ``torch.compile`` of the elementwise work).
 * ``grpo``: ``LocalTrainEngine`` + AReaL's ``PPOActor`` with the embedded default's actor
   config on the tiny model: groups sampled from the engine, then the phases of
   ``cua_native.training.embedded._ppo_step`` timed one by one (``compute_logp``, checked
@@ -30,7 +35,8 @@ Sections (``--sections``, all by default):
     python bench/gpu_check.py [--device cuda] [--sections exact,real,grpo] [--json out.json]
                               [--no-cudnn-sdp] [--real-concurrency 8,32]
                               [--real-decoders slots,legacy] [--real-generate dynamic,static]
-                              [--profile]
+                              [--real-generate-chunk 8] [--real-ttft-rounds 4]
+                              [--no-decode-compile] [--profile]
 
 ``--no-cudnn-sdp``: PyTorch (2.11, H100/H200, bf16) picks cuDNN for scaled-dot-product
 attention, and cuDNN builds a new execution plan for every new tensor shape. With a KV cache
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -394,31 +401,182 @@ def check_real(device: torch.device, args: argparse.Namespace) -> Figures:
     bound = HbmBound.measure(model, device, args.real_new_tokens)
     figures["hbm"] = bound.figures()
     print(f"[real] {bound.describe()}")
-    for decoder in args.real_decoders:
-        kind, _, attention = decoder.partition(":")
-        config = InProcessEngineConfig(
-            device=str(device),
-            max_batch_size=max(args.real_concurrency),
-            decoder=kind,  # type: ignore[arg-type]
-            decode_attention=attention or "auto",  # type: ignore[arg-type]
-        )
-        engine = InProcessEngine(model, processor, config=config)
-        engine.initialize()
-        try:
-            figures[decoder] = real_turns(engine, decoder, turns, bound, device, args)
-            if args.profile and kind == "slots":
+    engines = {d: real_engine(model, processor, d, device, args) for d in args.real_decoders}
+    try:
+        for engine in engines.values():  # warm-up: compiles, first graphs, first shapes
+            asyncio.run(generate(engine, [turns[0]], concurrent=False))
+        for decoder, single in single_turns(engines, turns[1:4], bound, device).items():
+            figures[decoder] = single
+        for decoder, engine in list(engines.items()):
+            figures[decoder]["first_token"] = first_token_parts(engine, decoder, turns[1], device)
+        for decoder, ttft in ttft_probe(engines, turns[1:4], args.real_ttft_rounds).items():
+            figures[decoder].update(ttft)
+        for decoder, engine in list(engines.items()):
+            figures[decoder].update(concurrent_turns(engine, decoder, turns, bound, device, args))
+            if args.profile and decoder.startswith("slots"):
                 figures[decoder]["profile"] = profile_decode(engine, turns[1], device, args)
-        finally:
-            engine.destroy()
+            engines.pop(decoder).destroy()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    finally:
+        for engine in engines.values():
+            engine.destroy()
     for mode in args.real_generate:
         figures[f"generate_{mode}"] = generate_baseline(model, turns, mode, device, args)
     print_ratios(figures, args)
     return figures
 
 
-def real_turns(
+def real_engine(
+    model: Any, processor: Any, decoder: str, device: torch.device, args: argparse.Namespace
+) -> InProcessEngine:
+    kind, _, attention = decoder.partition(":")
+    config = InProcessEngineConfig(
+        device=str(device),
+        max_batch_size=max(args.real_concurrency),
+        decoder=kind,  # type: ignore[arg-type]
+        decode_attention=attention or "auto",  # type: ignore[arg-type]
+        decode_compile=not args.no_decode_compile,
+    )
+    engine = InProcessEngine(model, processor, config=config)
+    engine.initialize()
+    return engine
+
+
+def single_turns(
+    engines: dict[str, InProcessEngine],
+    singles: list[ModelRequest],
+    bound: HbmBound,
+    device: torch.device,
+) -> dict[str, Figures]:
+    """One turn at a time (ttft, decode rate against the HBM bound), the decoders taking
+    turns on each prompt and alternating which goes first, so neither profits from shapes
+    (kernel plans, allocator blocks) the other just ran."""
+    latencies: dict[str, list[float]] = {d: [] for d in engines}
+    ttfts: dict[str, list[float]] = {d: [] for d in engines}
+    rates: dict[str, list[float]] = {d: [] for d in engines}
+    peaks: dict[str, float | None] = {}
+    for k, req in enumerate(singles):
+        order = list(engines) if k % 2 == 0 else list(reversed(engines))
+        for decoder in order:
+            reset_peak(device)
+            (resp,), _, _ = asyncio.run(generate(engines[decoder], [req], concurrent=False))
+            peaks[decoder] = max(peaks.get(decoder) or 0.0, peak_gib(device) or 0.0) or None
+            latencies[decoder].append(resp.latency)
+            ttfts[decoder].append(resp.ttft)
+            rates[decoder].append((len(resp.output_tokens) - 1) / (resp.latency - resp.ttft))
+    bound_1 = statistics.median(bound.tok_s([len(r.input_ids)]) for r in singles)
+    out: dict[str, Figures] = {}
+    for label in engines:
+        figures: Figures = {
+            "decoder": label,
+            "turn_latency_s": statistics.median(latencies[label]),
+            "prefill_s": statistics.median(ttfts[label]),
+            "prefill_runs_s": ttfts[label],
+            "decode_tok_s": statistics.median(rates[label]),
+            "decode_bound_tok_s": bound_1,
+            "decode_fraction_of_bound": statistics.median(rates[label]) / bound_1,
+            "peak_gib_single": peaks.get(label),
+        }
+        out[label] = figures
+        print(
+            f"[real:{label}] 1 turn: latency {figures['turn_latency_s']:.2f} s, prefill (ttft) "
+            f"{figures['prefill_s'] * 1000:.0f} ms (runs "
+            + ", ".join(f"{t * 1000:.0f}" for t in ttfts[label])
+            + f"), decode {figures['decode_tok_s']:.1f} tok/s "
+            f"= {100 * figures['decode_fraction_of_bound']:.1f} % of the HBM bound "
+            f"{bound_1:.0f} tok/s"
+            + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
+        )
+    return out
+
+
+def ttft_probe(
+    engines: dict[str, InProcessEngine], singles: list[ModelRequest], rounds: int
+) -> dict[str, Figures]:
+    """Time to first token alone: the single turns with ``max_new_tokens=1``, ``rounds``
+    times, the decoders alternating on each prompt (and which goes first), so a median
+    over many runs compares them (one prefill varies by ~+-10 % run to run)."""
+    runs: dict[str, list[float]] = {d: [] for d in engines}
+    k = 0
+    for _ in range(rounds):
+        for req in singles:
+            one = dataclasses.replace(
+                req, gconfig=dataclasses.replace(req.gconfig, max_new_tokens=1)
+            )
+            order = list(engines) if k % 2 == 0 else list(reversed(engines))
+            k += 1
+            for decoder in order:
+                (resp,), _, _ = asyncio.run(generate(engines[decoder], [one], concurrent=False))
+                runs[decoder].append(resp.ttft)
+    out: dict[str, Figures] = {}
+    for decoder, values in runs.items():
+        out[decoder] = {"ttft_probe_s": statistics.median(values), "ttft_probe_runs": len(values)}
+        print(
+            f"[real:{decoder}] time to first token alone: median "
+            f"{statistics.median(values) * 1000:.0f} ms over {len(values)} runs "
+            f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        )
+    return out
+
+
+@contextmanager
+def method_timers(device: torch.device, into: dict[str, list[float]]) -> Iterator[None]:
+    """Time (device-synchronised) every call of the first-token path's parts."""
+    from cua_native.engine.batch import BatchDecoder
+    from cua_native.engine.slots import SlotDecoder
+
+    targets = [(BatchDecoder, "prefill"), (SlotDecoder, "fill"), (InProcessEngine, "_sample")]
+    originals = [(cls, name, getattr(cls, name)) for cls, name in targets]
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_call(*a: Any, **k: Any) -> Any:
+            sync(device)
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync(device)
+                into.setdefault(name, []).append(time.perf_counter() - start)
+
+        return timed_call
+
+    for cls, name, fn in originals:
+        setattr(cls, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for cls, name, fn in originals:
+            setattr(cls, name, fn)
+
+
+def first_token_parts(
+    engine: InProcessEngine, label: str, req: ModelRequest, device: torch.device
+) -> Figures:
+    """Where one turn's time to first token goes: the prefill forward, the rest of the
+    slots decoder's ``fill`` (copies into the arena), the first sampling, and the remainder
+    (queue, input preparation, worker wake-up)."""
+    calls: dict[str, list[float]] = {}
+    with method_timers(device, calls):
+        (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
+    prefill = calls["prefill"][0]
+    fill_extra = calls["fill"][0] - prefill if "fill" in calls else 0.0
+    sample = calls["_sample"][0]
+    parts = {
+        "ttft_ms": resp.ttft * 1000,
+        "prefill_forward_ms": prefill * 1000,
+        "arena_copy_ms": fill_extra * 1000,
+        "first_sample_ms": sample * 1000,
+        "other_ms": (resp.ttft - prefill - fill_extra - sample) * 1000,
+    }
+    print(
+        f"[real:{label}] first token (synchronised timers): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+    )
+    return parts
+
+
+def concurrent_turns(
     engine: InProcessEngine,
     label: str,
     turns: list[ModelRequest],
@@ -426,35 +584,8 @@ def real_turns(
     device: torch.device,
     args: argparse.Namespace,
 ) -> Figures:
-    """One turn at a time (ttft, decode rate against the HBM bound), then n together."""
-    first = turns[0]
-    asyncio.run(generate(engine, [first], concurrent=False))  # warm-up
-    latencies, ttfts, decode_rates = [], [], []
-    reset_peak(device)
-    singles = turns[1:4]
-    for req in singles:
-        (resp,), _, _ = asyncio.run(generate(engine, [req], concurrent=False))
-        latencies.append(resp.latency)
-        ttfts.append(resp.ttft)
-        decode_rates.append((len(resp.output_tokens) - 1) / (resp.latency - resp.ttft))
-    bound_1 = statistics.median(bound.tok_s([len(r.input_ids)]) for r in singles)
-    figures: Figures = {
-        "decoder": label,
-        "turn_latency_s": statistics.median(latencies),
-        "prefill_s": statistics.median(ttfts),
-        "decode_tok_s": statistics.median(decode_rates),
-        "decode_bound_tok_s": bound_1,
-        "decode_fraction_of_bound": statistics.median(decode_rates) / bound_1,
-        "turn_tok_s": args.real_new_tokens / statistics.median(latencies),
-        "peak_gib_single": peak_gib(device),
-    }
-    print(
-        f"[real:{label}] 1 turn: latency {figures['turn_latency_s']:.2f} s, prefill (ttft) "
-        f"{figures['prefill_s'] * 1000:.0f} ms, decode {figures['decode_tok_s']:.1f} tok/s "
-        f"= {100 * figures['decode_fraction_of_bound']:.1f} % of the HBM bound "
-        f"{bound_1:.0f} tok/s"
-        + (f", peak {figures['peak_gib_single']:.2f} GiB" if figures["peak_gib_single"] else "")
-    )
+    """``n`` turns released together for each ``--real-concurrency`` n."""
+    figures: Figures = {}
     for n in args.real_concurrency:
         reset_peak(device)
         batch = turns[4 : 4 + n]
@@ -581,11 +712,60 @@ def generate_baseline(
     device: torch.device,
     args: argparse.Namespace,
 ) -> Figures:
-    """Plain ``model.generate`` on the same 32 (``--real-concurrency`` max) turns as one
-    left-padded batch: ``dynamic`` (default cache) or ``static`` (static cache, which
-    transformers compiles automatically)."""
+    """Plain ``model.generate`` on the same (``--real-concurrency`` max) turns the engine
+    decoded together: ``dynamic`` (default cache) or ``static`` (static cache, which
+    transformers compiles). First as one left-padded batch; where that fails (out of
+    memory), in consecutive chunks of ``--real-generate-chunk`` rows, one after another
+    (total new tokens over total wall), so the ratio has a denominator on the same inputs.
+    The first chunk's rows are the ``--real-concurrency`` turns of its size, so its rate
+    is also plain ``generate`` at that concurrency."""
     n = max(args.real_concurrency)
     batch = turns[4 : 4 + n]
+    figures: Figures = {"rows": n}
+    whole = _generate_rows(model, batch, mode, device, args)
+    if "error" not in whole or args.real_generate_chunk >= n:
+        figures.update(whole)
+        if "tok_s" in whole:
+            print(
+                f"[generate:{mode}] {n} turns as one batch: wall {whole['wall_s']:.2f} s, "
+                f"{whole['tok_s']:.1f} tok/s"
+            )
+        return figures
+    figures["one_batch_error"] = whole["error"]
+    size = args.real_generate_chunk
+    chunks = [
+        _generate_rows(model, batch[i : i + size], mode, device, args) for i in range(0, n, size)
+    ]
+    failed = [c["error"] for c in chunks if "error" in c]
+    if failed:
+        figures["error"] = failed[0]
+        return figures
+    wall = sum(c["wall_s"] for c in chunks)
+    tokens = sum(c["new_tokens"] for c in chunks)
+    figures.update(
+        chunk_rows=size,
+        wall_s=wall,
+        tok_s=tokens / wall,
+        chunk_tok_s=[c["tok_s"] for c in chunks],
+        peak_gib=max((c.get("peak_gib") or 0.0) for c in chunks) or None,
+    )
+    print(
+        f"[generate:{mode}] {n} turns as one batch: out of memory; in {len(chunks)} batches "
+        f"of {size} one after another: wall {wall:.2f} s, {tokens / wall:.1f} tok/s (per "
+        "batch " + ", ".join(f"{c['tok_s']:.1f}" for c in chunks) + " tok/s)"
+    )
+    return figures
+
+
+def _generate_rows(
+    model: Any,
+    batch: list[ModelRequest],
+    mode: str,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> Figures:
+    """One ``model.generate`` call over ``batch`` as a left-padded batch."""
+    n = len(batch)
     pad = model.generation_config.pad_token_id
     width = max(len(r.input_ids) for r in batch)
     ids = torch.full((n, width), pad, dtype=torch.long)
@@ -629,14 +809,14 @@ def generate_baseline(
             wall = time.perf_counter() - start
     except Exception as exc:  # an out-of-memory or a compile failure is a figure too
         figures["error"] = repr(exc)[:300]
-        print(f"[generate:{mode}] failed: {exc!r}"[:400])
+        print(f"[generate:{mode}] {n} rows failed: {exc!r}"[:400])
         return figures
     finally:
+        inputs.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     new = (out.shape[1] - width) * n
-    figures.update(wall_s=wall, tok_s=new / wall, peak_gib=peak_gib(device))
-    print(f"[generate:{mode}] {n} turns as one batch: wall {wall:.2f} s, {new / wall:.1f} tok/s")
+    figures.update(wall_s=wall, new_tokens=new, tok_s=new / wall, peak_gib=peak_gib(device))
     return figures
 
 
@@ -652,9 +832,20 @@ def print_ratios(figures: Figures, args: argparse.Namespace) -> None:
             f"{100 * got['decode_fraction_of_bound']:.1f} % of HBM bound "
             f"{got['decode_bound_tok_s']:.0f}; ttft {got['prefill_s'] * 1000:.0f} ms"
         )
+        if "ttft_probe_s" in got:
+            line += f" (1-token probe: {got['ttft_probe_s'] * 1000:.0f} ms)"
         rate = got.get(f"concurrent_{n}_tok_s")
+        dynamic = figures.get("generate_dynamic", {})
         if rate is not None and base:
             line += f"; {n} concurrent {rate:.1f} tok/s = x{rate / base:.2f} plain generate"
+            if "chunk_rows" in dynamic:
+                line += f" (generate: one batch of {n} out of memory, run as batches of "
+                line += f"{dynamic['chunk_rows']})"
+        small = dynamic.get("chunk_rows")
+        small_rate = got.get(f"concurrent_{small}_tok_s")
+        if small_rate is not None and dynamic.get("chunk_tok_s"):
+            first = dynamic["chunk_tok_s"][0]
+            line += f"; {small} concurrent x{small_rate / first:.2f} plain generate ({first:.1f})"
         static = figures.get("generate_static", {}).get("tok_s")
         if rate is not None and static:
             line += f", x{rate / static:.2f} generate+static cache+compile"
@@ -665,8 +856,13 @@ def print_ratios(figures: Figures, args: argparse.Namespace) -> None:
             if label == "legacy":
                 continue
             new = figures[label]
+            probe = (
+                f" (1-token probe x{new['ttft_probe_s'] / old['ttft_probe_s']:.2f})"
+                if "ttft_probe_s" in new and "ttft_probe_s" in old
+                else ""
+            )
             print(
-                f"[ratios:{label}/legacy] ttft x{new['prefill_s'] / old['prefill_s']:.2f}, "
+                f"[ratios:{label}/legacy] ttft x{new['prefill_s'] / old['prefill_s']:.2f}{probe}, "
                 f"batch-1 decode x{new['decode_tok_s'] / old['decode_tok_s']:.2f}"
                 + (
                     f", {n} concurrent x"
@@ -862,6 +1058,23 @@ def parse_args() -> argparse.Namespace:
         help="plain model.generate baselines on the largest concurrency: dynamic, static",
     )
     parser.add_argument(
+        "--real-generate-chunk",
+        type=int,
+        default=8,
+        help="rows per generate call when the largest concurrency fails as one batch",
+    )
+    parser.add_argument(
+        "--real-ttft-rounds",
+        type=int,
+        default=4,
+        help="rounds of the 1-token time-to-first-token probe over the 3 single turns",
+    )
+    parser.add_argument(
+        "--no-decode-compile",
+        action="store_true",
+        help="slots decoder: CUDA graphs without torch.compile of the elementwise work",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="torch.profiler over one slots-decoder turn"
     )
     parser.add_argument(
@@ -915,6 +1128,8 @@ def main() -> None:
             else:
                 report["grpo"] = check_grpo(device, tiny_dir, args)
             report[section]["section_s"] = time.perf_counter() - start
+            if args.json:  # after every section: a later one may not finish
+                args.json.write_text(json.dumps(report, indent=2, default=str))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     text = json.dumps(report, indent=2, default=str)

@@ -3,7 +3,11 @@
 - episodes/s with one episode per batch and with recorder-sized batches (``--per-batch``
   episodes, what ``SinkChannel`` sends: up to 500 rows);
 - per-batch cost while one step fills: the first batches against the last ones
-  (flat means a ratio near 1).
+  (flat means a ratio near 1);
+- this process's CPU per episode (parsing, the store's Python, the driver; the database
+  server's own work is not in it): on a loaded machine the wall figures swing with the load,
+  this column much less;
+- the PostgreSQL backend's CPU per episode (read from ``/proc``: a local server only).
 
 uv run python bench/monitor_ingest.py [--db URL] [--episodes 1200] [--turns 10] [--per-batch 20]
 """
@@ -11,9 +15,11 @@ uv run python bench/monitor_ingest.py [--db URL] [--episodes 1200] [--turns 10] 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from cua_native.monitor.service.store import MonitorStore
@@ -66,13 +72,49 @@ def merged(batches: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
     return out
 
 
-def run(store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int) -> list[float]:
-    """Seconds per batch while one step fills with ``episodes`` rollouts."""
+class ServerCpu:
+    """CPU seconds of the PostgreSQL backend serving the store's connection, read from
+    ``/proc`` (a local server only; ``None`` otherwise). The store's pool hands its one
+    connection to every batch of this single-threaded bench; a changed backend pid voids it."""
+
+    def __init__(self, store: MonitorStore) -> None:
+        self.pid: int | None = None
+        if store.engine.dialect.name == "postgresql":
+            with store.engine.connect() as connection:
+                self.pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.valid = self.pid is not None and self.seconds() is not None
+
+    def seconds(self) -> float | None:
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def check(self, store: MonitorStore) -> None:
+        with store.engine.connect() as connection:
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        self.valid = self.valid and pid == self.pid
+
+
+def run(
+    store: MonitorStore,
+    tag: str,
+    episodes: int,
+    turns: int,
+    per_batch: int,
+    cpu: list[float],
+    server: ServerCpu,
+) -> tuple[list[float], float]:
+    """Seconds per batch while one step fills with ``episodes`` rollouts (this process's CPU
+    seconds per batch are appended to ``cpu``), and the server backend's CPU seconds in all."""
     step = f"{tag}-step"
     store.ingest(
         {"steps": [{"client_id": step, "training_client_id": "t", "step": hash(tag) % 10**6}]}
     )
     seconds = []
+    server_began = server.seconds() if server.valid else None
     for start in range(0, episodes, per_batch):
         batch = merged(
             [
@@ -80,10 +122,13 @@ def run(store: MonitorStore, tag: str, episodes: int, turns: int, per_batch: int
                 for i in range(start, min(episodes, start + per_batch))
             ]
         )
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         store.ingest(batch)
         seconds.append(time.perf_counter() - began)
-    return seconds
+        cpu.append(time.process_time() - cpu_began)
+    server_end = server.seconds() if server.valid else None
+    used = server_end - server_began if server_end is not None and server_began is not None else 0
+    return seconds, used
 
 
 def main() -> None:
@@ -105,24 +150,42 @@ def main() -> None:
                 }
             )
             single_n = max(20, args.episodes // 20)
-            single = run(store, f"one-{time.time_ns()}", single_n, args.turns, 1)
-            batched = run(
-                store, f"many-{time.time_ns()}", args.episodes, args.turns, args.per_batch
+            single_cpu: list[float] = []
+            batched_cpu: list[float] = []
+            server = ServerCpu(store)
+            single, single_server = run(
+                store, f"one-{time.time_ns()}", single_n, args.turns, 1, single_cpu, server
             )
+            batched, batched_server = run(
+                store,
+                f"many-{time.time_ns()}",
+                args.episodes,
+                args.turns,
+                args.per_batch,
+                batched_cpu,
+                server,
+            )
+            if server.valid:
+                server.check(store)
         finally:
             store.close()
     tenth = max(1, len(batched) // 10)
     first, last = statistics.median(batched[:tenth]), statistics.median(batched[-tenth:])
     print(f"backend: {args.db.split('@')[-1] if args.db else 'sqlite (run dir)'}")
     print(f"episodes of {args.turns} turns (rollout, environment, turns, actions with 64 tokens)")
-    print(f"{'batches':<28}{'episodes/s':>12}{'ms/batch (median)':>20}")
     print(
-        f"{'1 episode':<28}{single_n / sum(single):>12.1f}{1000 * statistics.median(single):>20.1f}"
+        f"{'batches':<20}{'episodes/s':>12}{'ms/batch (median)':>20}{'client CPU ms/ep':>18}"
+        f"{'server CPU ms/ep':>18}"
     )
-    print(
-        f"{f'{args.per_batch} episodes':<28}{args.episodes / sum(batched):>12.1f}"
-        f"{1000 * statistics.median(batched):>20.1f}"
-    )
+    for label, n, seconds, cpu, server_cpu in (
+        ("1 episode", single_n, single, single_cpu, single_server),
+        (f"{args.per_batch} episodes", args.episodes, batched, batched_cpu, batched_server),
+    ):
+        server_text = f"{1000 * server_cpu / n:.2f}" if server.valid else "n/a"
+        print(
+            f"{label:<20}{n / sum(seconds):>12.1f}{1000 * statistics.median(seconds):>20.1f}"
+            f"{1000 * sum(cpu) / n:>18.2f}{server_text:>18}"
+        )
     print(
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"

@@ -80,6 +80,9 @@ class InProcessEngineConfig:
     ``slots`` where the model is supported (see the module docstring)."""
     cuda_graphs: bool = True
     """Replay decode steps as CUDA graphs (``slots`` decoder on CUDA only)."""
+    decode_compile: bool = True
+    """With CUDA graphs: fuse the decode step's elementwise work with ``torch.compile``
+    (``decode_ops.py``; the first step of each batch bucket compiles, seconds)."""
     kv_block: int = 256
     """Slot capacity grows in multiples of this many tokens (``slots`` decoder)."""
     prefill_tokens: int = 16384
@@ -533,6 +536,7 @@ class InProcessEngine(InferenceEngine):
             self.config.kv_block,
             self.config.cuda_graphs,
             self.config.decode_attention,
+            self.config.decode_compile,
         )
 
     def _worker(self) -> None:

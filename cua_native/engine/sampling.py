@@ -220,12 +220,14 @@ def _sample_simple(
     rows: list[int],
     out: list[SampledToken | None],
 ) -> None:
+    """Whole-batch kernels for ``rows``; the host waits once, for the final transfer.
+
+    The per-row inputs (temperatures, draws, banned ids) travel to the device in one
+    float64 tensor (every value is exact there: float64 draws, temperatures rounded to
+    float32 as ``tensor(..., dtype=float32)`` does, integer ids below 2**53).
+    """
     device = logits.device
-    index = torch.tensor(rows, dtype=torch.long, device=device)
-    temps = torch.tensor(
-        [params[i].logprob_temperature for i in rows], dtype=torch.float32, device=device
-    )
-    logprobs = torch.log_softmax(logits.index_select(0, index).float() / temps[:, None], dim=-1)
+    sampling = [j for j, i in enumerate(rows) if not params[i].greedy]
     ban_rows: list[int] = []
     ban_ids: list[int] = []
     for j, i in enumerate(rows):
@@ -234,42 +236,63 @@ def _sample_simple(
             banned |= params[i].stop_token_ids
         ban_rows += [j] * len(banned)
         ban_ids += sorted(banned)
+    n, s, b = len(rows), len(sampling), len(ban_ids)
+    whole = rows == list(range(logits.shape[0]))
+    host = torch.tensor(
+        [params[i].logprob_temperature for i in rows]
+        + [uniforms[rows[j]] for j in sampling]
+        + [float(j) for j in sampling]
+        + [float(r) for r in ban_rows]
+        + [float(t) for t in ban_ids]
+        + ([] if whole else [float(i) for i in rows]),
+        dtype=torch.float64,
+    )
+    packed = host.pin_memory().to(device, non_blocking=True) if logits.is_cuda else host.to(device)
+    temps = packed[:n].to(torch.float32)
+    u = packed[n : n + s]
+    pick = packed[n + s : n + 2 * s].long()
+    bans = packed[n + 2 * s : n + 2 * s + 2 * b].long()
+    chosen = logits if whole else logits.index_select(0, packed[n + 2 * s + 2 * b :].long())
+    logprobs = torch.log_softmax(chosen.float() / temps[:, None], dim=-1)
     restricted = logprobs
-    if ban_ids:
-        restricted = logprobs.index_put(
-            (
-                torch.tensor(ban_rows, dtype=torch.long, device=device),
-                torch.tensor(ban_ids, dtype=torch.long, device=device),
-            ),
-            torch.tensor(float("-inf"), device=device),
-        )
+    if b:
+        # index_fill_ takes the value as a scalar argument (indexing with a Python
+        # float would copy it from the host first)
+        flat = bans[:b] * logprobs.shape[-1] + bans[b:]
+        restricted = logprobs.clone().view(-1).index_fill_(0, flat, float("-inf"))
+        restricted = restricted.view(logprobs.shape)
     mask = torch.isfinite(restricted)
-    if not bool(mask.any(dim=-1).all()):
-        raise ValueError("every token is banned: cannot sample (check stop_token_ids).")
+    some_allowed = mask.any(dim=-1)
     tokens = torch.argmax(restricted, dim=-1)
-    sampling = [j for j, i in enumerate(rows) if not params[i].greedy]
-    if sampling:
-        pick = torch.tensor(sampling, dtype=torch.long, device=device)
+    if s:
         probs = torch.softmax(restricted.index_select(0, pick).double(), dim=-1)
         # one 1-D scan per row, as in sample_token: the same summation order (on CUDA a
         # batched scan differs in the last bits, and is slower for a few long rows)
-        cdf = torch.stack([torch.cumsum(row, dim=-1) for row in probs])
-        u = torch.tensor([uniforms[rows[j]] for j in sampling], dtype=cdf.dtype, device=device)
+        cdf = torch.empty_like(probs)
+        for j in range(s):
+            torch.cumsum(probs[j], dim=-1, out=cdf[j])
         target = u[:, None] * cdf[:, -1:]
         drawn = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.shape[-1] - 1)
-        # a zero-probability bin at the very end: step back to the last allowed token
+        # a zero-probability bin at the very end: step back to the last allowed token at
+        # or before the drawn one (a max over the row, not a scan)
         positions = torch.arange(cdf.shape[-1], device=device)
-        allowed_at = torch.where(mask.index_select(0, pick), positions, -1)
-        last_allowed = torch.cummax(allowed_at, dim=-1).values
-        tokens = tokens.index_copy(0, pick, last_allowed.gather(1, drawn)[:, 0])
+        allowed = mask.index_select(0, pick) & (positions[None, :] <= drawn)
+        tokens = tokens.index_copy(0, pick, torch.where(allowed, positions, -1).amax(dim=-1))
     truncated = torch.log_softmax(restricted, dim=-1)
     picked = tokens[:, None]
-    values = torch.cat([logprobs.gather(1, picked), truncated.gather(1, picked)], dim=1)
-    host_tokens = tokens.tolist()
-    host_values = values.tolist()
+    values = torch.cat(
+        [
+            logprobs.gather(1, picked).double(),
+            truncated.gather(1, picked).double(),
+            tokens[:, None].double(),
+            some_allowed[:, None].double(),
+        ],
+        dim=1,
+    ).tolist()
+    if not all(row[3] for row in values):
+        raise ValueError("every token is banned: cannot sample (check stop_token_ids).")
     for j, i in enumerate(rows):
+        logprob, truncated_logprob, token, _ = values[j]
         out[i] = SampledToken(
-            token=int(host_tokens[j]),
-            logprob=float(host_values[j][0]),
-            truncated_logprob=float(host_values[j][1]),
+            token=int(token), logprob=float(logprob), truncated_logprob=float(truncated_logprob)
         )

@@ -28,11 +28,15 @@ class SlotDecoder:
         block: int,
         cuda_graphs: bool,
         attention: str = "auto",
+        compiled: bool = False,
     ) -> None:
         self._device = device
         dtype = model.get_output_embeddings().weight.dtype
         self.attention = pick_attention(attention, device, dtype)
-        self._stack = TextStack(model, self.attention)
+        graphs = cuda_graphs and device.type == "cuda"
+        # compiled elementwise kernels only inside graphs: eager, their guards would cost
+        # more host time per step than the launches they save
+        self._stack = TextStack(model, self.attention, compiled=compiled and graphs)
         self._prefiller = BatchDecoder(model, device, pad_id)
         self._arena = KVArena(
             self._stack.layers,
@@ -43,9 +47,10 @@ class SlotDecoder:
             block,
             tokens_first=self.attention == "flash",
         )
-        self._graphs = (
-            DecodeGraphs(self._stack.forward) if cuda_graphs and device.type == "cuda" else None
-        )
+        self._graphs = DecodeGraphs(self._stack.forward) if graphs else None
+        if self._stack.ops.compiled:
+            with torch.inference_mode():  # the mode the steps run in (a compile guard)
+                self._stack.warm_up(device)
         self._lengths: list[int] = []
         self._next_pos: list[int] = []
 

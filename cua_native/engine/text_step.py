@@ -1,9 +1,12 @@
 """One decode step of a Qwen3-family text stack over a ``KVArena``, eager or as CUDA graphs.
 
-The step runs the model's own modules (embedding, norms, projections, rotary embedding, MLP,
-output head) and its own ``apply_rotary_pos_emb``; only the cache write and the attention
-over the arena are done here: the new key/value of each row go to position ``write[i]`` of
-its slot, then attention over the first ``write[i] + 1`` positions of the slot, one of:
+The step runs the model's own modules (embedding, projections, rotary embedding, output head)
+and its own ``apply_rotary_pos_emb``; the elementwise work between the projections (norms,
+residual adds, query/key norms + rotary, ``silu(gate) * up``) goes through ``DecodeOps``
+(``decode_ops.py``: the same arithmetic, compiled into one kernel per group on CUDA); the
+cache write and the attention over the arena are done here: the new key/value of each row
+go to position ``write[i]`` of its slot (one ``index_copy_`` per tensor), then attention
+over the first ``write[i] + 1`` positions of the slot, one of:
 
 * ``flash`` (CUDA, bf16/fp16): PyTorch's flash-attention variable-length kernel
   (``aten._flash_attention_forward`` with ``seqused_k``) over the tokens-first arena: it
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from cua_native.engine.decode_ops import DecodeOps
 from cua_native.engine.kv_arena import KVArena
 
 SUPPORTED_TEXT_MODELS = ("qwen3", "qwen3_vl_text")
@@ -74,22 +78,26 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     rope = getattr(getattr(text, "rotary_emb", None), "rope_type", "default")
     if "dynamic" in str(rope) or "longrope" in str(rope):
         return f"rope type {rope!r} changes with the sequence length"
+    for layer in text.layers:
+        for name in ("q_norm", "k_norm"):
+            norm = getattr(layer.self_attn, name, None)
+            if norm is not None and _norm_weight(norm) is None:
+                return f"{name} is a {type(norm).__name__}, not an RMSNorm"
+    if hasattr(text.layers[0].self_attn, "q_norm") != hasattr(text.layers[0].self_attn, "k_norm"):
+        return "q_norm without k_norm"
     module = sys.modules[type(text.layers[0].self_attn).__module__]
     if not callable(getattr(module, "apply_rotary_pos_emb", None)):
         return "no apply_rotary_pos_emb in the model's module"
     return None
 
 
-def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The Qwen RMSNorm module's function (float32 statistics, weight applied after the cast
-    back) through PyTorch's one-kernel ``rms_norm``; other norm modules are called as is."""
+def _norm_weight(module: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
+    """A Qwen RMSNorm module's ``(weight, eps)``; ``None`` for other norm modules."""
     eps = getattr(module, "variance_epsilon", None)
     if eps is None or not type(module).__name__.endswith("RMSNorm"):
-        out: torch.Tensor = module(x)
-        return out
-    normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-    weight: torch.Tensor = module.weight  # type: ignore[assignment]  # nn.Module.__getattr__
-    return weight * normed.to(x.dtype)
+        return None
+    weight = module.weight
+    return (weight, float(eps)) if isinstance(weight, torch.Tensor) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +114,9 @@ class StepInputs:
 class TextStack:
     """The decode step of one model; see the module docstring."""
 
-    def __init__(self, model: PreTrainedModel, attention: str = "matmul") -> None:
+    def __init__(
+        self, model: PreTrainedModel, attention: str = "matmul", compiled: bool = False
+    ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode unsupported: {reason}")
@@ -121,50 +131,140 @@ class TextStack:
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(first.head_dim)
         self.attention = attention
+        self.ops = DecodeOps(compiled)
+        self._fused_mlp = getattr(config, "hidden_act", None) == "silu" and all(
+            all(hasattr(layer.mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
+            for layer in self._text.layers
+        )
+
+    def warm_up(self, device: torch.device, batches: tuple[int, ...] = (1, 2, 4)) -> None:
+        """Run ``ops`` on stand-in rows of ``batches`` sizes, with the step's layouts and
+        the model's weights, so compiling happens here (a size of 1, then one dynamic
+        batch size for all others) and not in the middle of a running batch."""
+        text, first = self._text, self._text.layers[0]
+        dtype = self._head.weight.dtype
+        norm = _norm_weight(first.post_attention_layernorm)
+        for batch in batches:
+            hidden = text.embed_tokens(torch.zeros(batch, dtype=torch.long, device=device))
+            pos = torch.zeros((1, batch, 1), dtype=torch.long, device=device)
+            cos, sin = text.rotary_emb(
+                hidden[:, None, :], pos.expand(3, batch, 1) if self._mrope else pos[0]
+            )
+            if norm is not None:  # distinct tensors: dynamo guards on arguments aliasing
+                self.ops.norm(hidden, *norm)
+                self.ops.add_norm(hidden, hidden.clone(), *norm)
+            self._qk_rope(
+                first.self_attn,
+                torch.zeros((batch, self.heads * self.head_dim), dtype=dtype, device=device),
+                torch.zeros((batch, self.kv_heads * self.head_dim), dtype=dtype, device=device),
+                cos,
+                sin,
+            )
+            if self._fused_mlp:
+                gate = first.mlp.gate_proj(hidden)
+                self.ops.silu_mul(gate, gate.clone())
+
+    def _qk_rope(
+        self,
+        attn: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ops.qk_rope`` with ``attn``'s query/key norms (if it has them)."""
+        q_norm = _norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
+        k_norm = _norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
+        pair: tuple[torch.Tensor, torch.Tensor] = self.ops.qk_rope(
+            q,
+            k,
+            None if q_norm is None else q_norm[0],
+            None if k_norm is None else k_norm[0],
+            0.0 if q_norm is None else q_norm[1],
+            cos,
+            sin,
+            self._rope,
+            self.heads,
+            self.kv_heads,
+        )
+        return pair
+
+    def _normed(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        found = _norm_weight(module)
+        normed: torch.Tensor = module(x) if found is None else self.ops.norm(x, *found)
+        return normed
+
+    def _add_normed(
+        self, hidden: torch.Tensor, delta: torch.Tensor, module: torch.nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        found = _norm_weight(module)
+        if found is None:
+            hidden = hidden + delta
+            normed: torch.Tensor = module(hidden)
+            return hidden, normed
+        pair: tuple[torch.Tensor, torch.Tensor] = self.ops.add_norm(hidden, delta, *found)
+        return pair
+
+    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor
+        if not self._fused_mlp:
+            out = mlp(x)
+        else:
+            out = mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+        return out
 
     def forward(self, arena: KVArena, batch: int, inputs: StepInputs) -> torch.Tensor:
         """Logits ``[batch, vocab]`` of the next token; writes each row's new key/value."""
         text = self._text
-        hidden = text.embed_tokens(inputs.tokens)[:, None, :]
+        hidden = text.embed_tokens(inputs.tokens)
         pos = inputs.positions.view(1, batch, 1)
         pos = pos.expand(3, batch, 1) if self._mrope else pos[0]
-        cos, sin = text.rotary_emb(hidden, pos)
-        rows = torch.arange(batch, device=hidden.device)
+        cos, sin = text.rotary_emb(hidden[:, None, :], pos)
         attend = self._flash if self.attention == "flash" else self._matmul
-        context = self._context(arena, batch, inputs, hidden.device)
-        for index, layer in enumerate(text.layers):
+        context, slots = self._context(arena, batch, inputs, hidden.device)
+        layers = text.layers
+        normed = self._normed(layers[0].input_layernorm, hidden)
+        for index, layer in enumerate(layers):
             attn = layer.self_attn
-            normed = _rms_norm(layer.input_layernorm, hidden)
-            q = attn.q_proj(normed).view(batch, 1, self.heads, self.head_dim)
-            k = attn.k_proj(normed).view(batch, 1, self.kv_heads, self.head_dim)
-            v = attn.v_proj(normed).view(batch, 1, self.kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
-            q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k = self._qk_rope(attn, attn.q_proj(normed), attn.k_proj(normed), cos, sin)
+            v = attn.v_proj(normed).view(batch, self.kv_heads, self.head_dim)
             keys, values = arena.keys[index][:batch], arena.values[index][:batch]
-            if arena.tokens_first:
-                keys[rows, inputs.write] = k[:, :, 0]
-                values[rows, inputs.write] = v[:, 0]
-            else:
-                keys[rows, :, inputs.write] = k[:, :, 0]
-                values[rows, :, inputs.write] = v[:, 0]
+            self._write(keys, k, slots)
+            self._write(values, v, slots)
             out = attend(q, keys, values, context, float(attn.scaling))
-            hidden = hidden + attn.o_proj(out.reshape(batch, 1, self.heads * self.head_dim))
-            hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
-        logits: torch.Tensor = self._head(_rms_norm(text.norm, hidden)[:, 0])
+            delta = attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
+            hidden, normed = self._add_normed(hidden, delta, layer.post_attention_layernorm)
+            following = layers[index + 1].input_layernorm if index + 1 < len(layers) else text.norm
+            hidden, normed = self._add_normed(hidden, self._mlp(layer.mlp, normed), following)
+        logits: torch.Tensor = self._head(normed)
         return logits
+
+    def _write(self, store: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
+        """Put each row's ``[heads, head_dim]`` at its flat position ``slots`` (one kernel)."""
+        dim = store.shape[-1]
+        store.view(-1, dim).index_copy_(0, slots, new.reshape(-1, dim))
 
     def _context(
         self, arena: KVArena, batch: int, inputs: StepInputs, device: torch.device
-    ) -> tuple[torch.Tensor, ...]:
-        """What every layer's attention shares: masks (matmul) or offsets (flash)."""
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """What every layer's attention shares: masks (matmul) or offsets (flash); and the
+        flat ``[rows x heads]`` positions of ``head_dim`` vectors the new keys go to."""
         lengths = inputs.write + 1
+        rows = torch.arange(batch, device=device)[:, None]
+        heads = torch.arange(self.kv_heads, device=device)[None, :]
+        write = inputs.write[:, None]
+        cap = arena.capacity
+        if arena.tokens_first:  # [slots, capacity, kv_heads, head_dim]
+            slots = (rows * cap + write) * self.kv_heads + heads
+        else:  # [slots, kv_heads, capacity, head_dim]
+            slots = (rows * self.kv_heads + heads) * cap + write
+        slots = slots.reshape(-1)
         if self.attention == "flash":
             starts = torch.arange(batch + 1, dtype=torch.int32, device=device)
-            return starts, starts * arena.capacity, lengths.to(torch.int32)
-        valid = torch.arange(arena.capacity, device=device)[None, :] < lengths[:, None]
+            return (starts, starts * cap, lengths.to(torch.int32)), slots
+        valid = torch.arange(cap, device=device)[None, :] < lengths[:, None]
         bias = torch.zeros(valid.shape, dtype=torch.float32, device=device)
-        return (bias.masked_fill(~valid, float("-inf"))[:, None, None, :],)
+        return (bias.masked_fill(~valid, float("-inf"))[:, None, None, :],), slots
 
     def _matmul(
         self,
@@ -179,7 +279,7 @@ class TextStack:
         grouped = q.reshape(batch, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
         scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scaling
         probs = torch.softmax(scores + bias, dim=-1).to(grouped.dtype)
-        return torch.matmul(probs, values)
+        return torch.matmul(probs, values)  # [batch, kv_heads, group, head_dim]
 
     def _flash(
         self,
@@ -191,8 +291,8 @@ class TextStack:
     ) -> torch.Tensor:
         cum_q, cum_k, used = context
         batch, capacity = keys.shape[0], keys.shape[1]
-        out = torch.ops.aten._flash_attention_forward(
-            q[:, :, 0].contiguous(),
+        out: torch.Tensor = torch.ops.aten._flash_attention_forward(
+            q,
             keys.reshape(batch * capacity, self.kv_heads, self.head_dim),
             values.reshape(batch * capacity, self.kv_heads, self.head_dim),
             cum_q,
@@ -205,7 +305,7 @@ class TextStack:
             scale=scaling,
             seqused_k=used,
         )[0]
-        return out  # type: ignore[no-any-return]  # torch.ops are untyped
+        return out
 
 
 class DecodeGraphs:

@@ -9,7 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from PIL import Image
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from cua_native.monitor.ingest import IngestError
@@ -323,3 +323,77 @@ def test_training_update_by_remote_id(store: MonitorStore) -> None:
         assert training.progress_percent == 100.0
     with pytest.raises(IngestError, match="unknown training_id"):
         store.ingest({"training": {"training_id": 999999, "status": "failed"}})
+
+
+def test_a_record_sent_twice_in_one_batch_is_one_row(store: MonitorStore) -> None:
+    batch = base_batch()
+    batch["rollouts"].append(
+        {"client_id": "ro-1", "status": "completed", "reward": 1.0, "task_success": True}
+    )
+    answer = store.ingest(batch)
+    first, second = (m["id"] for m in answer["rollouts"])
+    assert first == second
+    with store.session() as session:
+        rollout = session.scalars(select(Rollout)).one()
+        assert rollout.status == "completed" and rollout.reward == 1.0
+        assert rollout.source_type == "step" and rollout.progress_percent == 100.0
+        history = session.execute(
+            select(StatusHistory.old_status, StatusHistory.new_status)
+            .where(StatusHistory.entity_type == "rollout")
+            .order_by(StatusHistory.id)
+        ).all()
+        assert [tuple(h) for h in history] == [(None, "running"), ("running", "completed")]
+
+
+def _episode(index: int) -> dict[str, Any]:
+    rollout = f"ep-{index}"
+    return {
+        "rollouts": [
+            {
+                "client_id": rollout,
+                "rollout_id": rollout,
+                "step_client_id": "step-0",
+                "task_client_id": "task-a",
+                "model_path": "m",
+                "status": "completed",
+                "reward": 1.0,
+            }
+        ],
+        "turns": [
+            {"client_id": f"{rollout}:{t}", "rollout_client_id": rollout, "turn": t}
+            for t in range(1, 4)
+        ],
+        "actions": [
+            {"client_id": f"{rollout}:{t}:a", "turn_client_id": f"{rollout}:{t}", "tokens": ["x"]}
+            for t in range(1, 4)
+        ],
+    }
+
+
+def test_statements_per_batch_do_not_grow_with_its_records(store: MonitorStore) -> None:
+    """Set-based writes: a batch of 12 episodes costs the statements of a batch of one."""
+    store.ingest(base_batch())
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        store.ingest(_episode(0))
+        one = len(statements)
+        statements.clear()
+        batch: dict[str, list[Any]] = {}
+        for index in range(1, 13):
+            for kind, records in _episode(index).items():
+                batch.setdefault(kind, []).extend(records)
+        answer = store.ingest(batch)
+        many = len(statements)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert len(answer["actions"]) == 36
+    assert many <= one, f"{many} statements for 12 episodes, {one} for one"
+    with store.session() as session:
+        assert session.scalar(select(func.count(Turn.id))) == 39
+        step = session.scalars(select(Step)).one()
+        assert step.num_trajectories == 13

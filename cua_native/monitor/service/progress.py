@@ -1,0 +1,311 @@
+"""Derived fields of the monitor store, recomputed after each batch from the rows themselves.
+
+Set-based: one query (and at most one executemany UPDATE) for all the rollouts a batch touched,
+and one aggregate per step/eval/baseline/training, whatever the number of rollouts under it (the
+per-batch cost stays flat as a step fills). Closing a failed or cancelled training's children is
+a handful of ``UPDATE … WHERE`` statements.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, String, case, func, select, update
+
+from cua_native.monitor.service.bulk import rows_where_in, update_rows
+from cua_native.monitor.service.schema import (
+    Baseline,
+    Environment,
+    Eval,
+    Rollout,
+    Step,
+    Training,
+    Turn,
+)
+
+TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+
+
+class Progress:
+    """Recomputes the progress fields of everything a batch touched, bottom-up."""
+
+    def __init__(self, connection: Connection, now: datetime) -> None:
+        self.connection = connection
+        self.now = now
+
+    def refresh(
+        self,
+        rollout_ids: set[int],
+        steps: set[int],
+        evals: set[int],
+        baselines: set[int],
+        trainings: set[int],
+    ) -> None:
+        """Refresh rollouts, then the steps/evals/baselines they and the batch name, then the
+        trainings the batch names or whose steps it wrote (a training's figures come from its
+        steps' numbers and statuses, which only a step record changes)."""
+        written_steps = set(steps)
+        for step_id, eval_id, baseline_id in self._rollouts(rollout_ids):
+            if step_id is not None:
+                steps.add(step_id)
+            if eval_id is not None:
+                evals.add(eval_id)
+            if baseline_id is not None:
+                baselines.add(baseline_id)
+        for step in self._rows(Step, steps):
+            self._step(step)
+            if step["id"] in written_steps:
+                trainings.add(step["training_id"])
+        for model, ids in ((Eval, evals), (Baseline, baselines)):
+            for row in self._rows(model, ids):
+                self._eval_like(row, model)
+        for training in self._rows(Training, trainings):
+            self._training(training)
+
+    def _rows(self, model: Any, ids: set[int]) -> list[dict[str, Any]]:
+        table = model.__table__
+        found = rows_where_in(self.connection, table, table.c.id, sorted(ids))
+        return [dict(row._mapping) for row in found]
+
+    def _rollouts(self, ids: set[int]) -> list[tuple[int | None, int | None, int | None]]:
+        """Current turn, progress and turn count of every touched rollout (one query, their turns
+        counted by correlated subqueries on the (rollout_id, turn) index; one UPDATE); answers their parents."""
+        table: Any = Rollout.__table__
+        wanted = sorted(ids)
+        last_turn = (
+            select(func.max(Turn.turn)).where(Turn.rollout_id == table.c.id).scalar_subquery()
+        )
+        turn_count = (
+            select(func.count(Turn.id)).where(Turn.rollout_id == table.c.id).scalar_subquery()
+        )
+        found = rows_where_in(
+            self.connection,
+            table,
+            table.c.id,
+            wanted,
+            [
+                table.c.id,
+                table.c.status,
+                table.c.current_turn,
+                table.c.num_turns,
+                table.c.max_turns,
+                table.c.progress_percent,
+                table.c.step_id,
+                table.c.eval_id,
+                table.c.baseline_id,
+                last_turn.label("last_turn"),
+                turn_count.label("turn_count"),
+            ],
+        )
+        parents: list[tuple[int | None, int | None, int | None]] = []
+        changes: list[dict[str, Any]] = []
+        for row in found:
+            parents.append((row.step_id, row.eval_id, row.baseline_id))
+            last_turn, count = row.last_turn, row.turn_count
+            current, done, percent = row.current_turn, row.num_turns, row.progress_percent
+            if last_turn is not None and (current is None or current < last_turn):
+                current = last_turn
+            if row.status in TERMINAL_ROLLOUT:
+                percent = 100.0
+                if done is None:
+                    done = count
+            elif row.max_turns and current:
+                percent = min(100.0, 100.0 * current / row.max_turns)
+            if (current, done, percent) != (row.current_turn, row.num_turns, row.progress_percent):
+                changes.append(
+                    {
+                        "row_id": row.id,
+                        "current_turn": current,
+                        "num_turns": done,
+                        "progress_percent": percent,
+                    }
+                )
+        update_rows(self.connection, table, changes)
+        return parents
+
+    def _aggregate(
+        self, column: Any, parent_id: int, *extra: Any
+    ) -> tuple[tuple[int, int, int, float | None, float | None, float | None, int], list[Any]]:
+        """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
+        rewards) over one parent's rollouts, computed by the database: one indexed query
+        whatever the number of rollouts; ``extra`` scalar subqueries ride along in the same
+        statement (their values are the second item)."""
+        done = Rollout.status.in_(TERMINAL_ROLLOUT)
+        finished_reward = case((done, Rollout.reward))
+        row = self.connection.execute(
+            select(
+                func.count(Rollout.id),
+                func.count(case((done, 1))),
+                func.count(case((done & (Rollout.task_success == 1), 1))),
+                func.avg(finished_reward),
+                func.avg(finished_reward * finished_reward),
+                func.avg(case((done, Rollout.num_turns))),
+                func.count(finished_reward),
+                *extra,
+            ).where(column == parent_id)
+        ).one()
+        total, finished, successes, mean, square, turns, rewards = row[:7]
+        figures = (
+            int(total),
+            int(finished),
+            int(successes),
+            None if mean is None else float(mean),
+            None if square is None else float(square),
+            None if turns is None else float(turns),
+            int(rewards),
+        )
+        return figures, list(row[7:])
+
+    @staticmethod
+    def _groups(step_id: int) -> tuple[Any, Any]:
+        """Scalar subqueries: the step's groups, and those whose rollouts all finished."""
+        key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
+        open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
+        per_group = (
+            select(key.label("g"), open_.label("open"))
+            .where(Rollout.step_id == step_id)
+            .group_by(key)
+            .subquery()
+        )
+        total = select(func.count()).select_from(per_group).scalar_subquery()
+        complete = (
+            select(func.count()).select_from(per_group).where(per_group.c.open == 0)
+        ).scalar_subquery()
+        return total, complete
+
+    def _step(self, step: dict[str, Any]) -> None:
+        figures, extra = self._aggregate(Rollout.step_id, step["id"], *self._groups(step["id"]))
+        total, finished, _, mean, square, _, rewards = figures
+        groups, completed_groups = int(extra[0]), int(extra[1])
+        given = json_dict(step["rollout_progress"])
+        total_envs = max(count_of(given.get("total_envs")), total)
+        values: dict[str, Any] = {
+            "rollout_progress": json.dumps(
+                {
+                    "completed_groups": completed_groups,
+                    "total_groups": max(count_of(given.get("total_groups")), groups),
+                    "completed_envs": finished,
+                    "total_envs": total_envs,
+                }
+            )
+        }
+        if rewards and mean is not None and square is not None:
+            values["reward_mean"] = mean
+            values["reward_std"] = max(0.0, square - mean * mean) ** 0.5
+            values["num_trajectories"] = finished
+        if step["status"] == "completed":
+            values["progress_percent"] = 100.0
+        else:
+            training = json_dict(step["training_progress"])
+            rollout_part = finished / total_envs if total_envs else 0.0
+            substeps = count_of(training.get("total_substeps"))
+            done = count_of(training.get("completed_substeps"))
+            training_part = done / substeps if substeps else 0.0
+            values["progress_percent"] = round(
+                80.0 * rollout_part + 20.0 * min(training_part, 1.0), 3
+            )
+        self._set(Step, step, values)
+
+    def _eval_like(self, row: dict[str, Any], model: type[Eval] | type[Baseline]) -> None:
+        parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
+        figures, _ = self._aggregate(parent_column, row["id"])
+        total, finished, successes, mean, _, turns, _ = figures
+        if not total:
+            return
+        total_tasks = max(row["total_tasks"] or 0, total)
+        values: dict[str, Any] = {"completed_tasks": finished, "total_tasks": total_tasks}
+        if finished:
+            values["successful_tasks"] = successes
+            values["success_rate"] = successes / finished
+            values["avg_reward"] = mean
+            values["avg_turns"] = turns
+        if row["status"] == "completed":
+            values["progress_percent"] = 100.0
+        elif total_tasks:
+            values["progress_percent"] = 100.0 * finished / total_tasks
+        self._set(model, row, values)
+
+    def _training(self, training: dict[str, Any]) -> None:
+        last_step, completed = self.connection.execute(
+            select(
+                func.max(Step.step),
+                func.count(Step.id).filter(Step.status == "completed"),
+            ).where(Step.training_id == training["id"])
+        ).one()
+        values: dict[str, Any] = {}
+        current = training["current_step"]
+        if last_step is not None and (current is None or current < last_step):
+            values["current_step"] = last_step
+        if training["status"] == "completed":
+            values["progress_percent"] = 100.0
+        elif training["total_steps"]:
+            values["progress_percent"] = min(100.0, 100.0 * completed / training["total_steps"])
+        self._set(Training, training, values)
+
+    def _set(self, model: Any, row: dict[str, Any], values: dict[str, Any]) -> None:
+        """Write the values that differ from the row (nothing when none does)."""
+        changed = {k: v for k, v in values.items() if row.get(k) != v}
+        if changed:
+            table = model.__table__
+            self.connection.execute(update(table).where(table.c.id == row["id"]).values(changed))
+
+
+def close_children(connection: Connection, training_id: int, status: str, now: datetime) -> None:
+    """A training that failed or was cancelled leaves nothing open: its unfinished steps fail,
+    its unfinished evals/baselines and their rollouts take its status, environments end."""
+    message = f"training {status}"
+    open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
+    connection.execute(
+        update(Step)
+        .where(Step.training_id == training_id, open_steps)
+        .values(status="failed", error_message=message, end_time=now, updated_at=now)
+    )
+    for model in (Eval, Baseline):
+        connection.execute(
+            update(model)
+            .where(
+                model.training_id == training_id,
+                model.status.not_in(TERMINAL_ROLLOUT) | model.status.is_(None),
+            )
+            .values(status=status, error_message=message, end_time=now, updated_at=now)
+        )
+    sources = (
+        Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
+        | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
+        | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
+    )
+    open_rollouts = select(Rollout.id).where(
+        sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None)
+    )
+    connection.execute(
+        update(Environment)
+        .where(
+            Environment.rollout_id.in_(open_rollouts),
+            Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
+        )
+        .values(status="terminated", status_message=message, termination_time=now)
+    )
+    connection.execute(
+        update(Rollout)
+        .where(Rollout.id.in_(open_rollouts))
+        .values(status=status, error_message=message, end_time=now, updated_at=now)
+    )
+
+
+def count_of(value: Any) -> int:
+    """A non-negative count from a sender's progress JSON; anything else counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value) if 0 <= value < 2**31 else 0
+
+
+def json_dict(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
