@@ -93,6 +93,8 @@ class CUASettings(BaseModel):
     eval_tasks: TaskSource | None = None
     baseline: bool = True
     eval_every: int = Field(0, ge=0)
+    """Evaluate every this many steps (0: never). The embedded trainer also evaluates after the
+    last step; on the cluster path AReaL's ``evaluator.freq_steps`` is derived from it."""
     eval_episodes_per_task: int = Field(1, ge=1)
     """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
     monitor_db: str | None = "sqlite"
@@ -204,15 +206,22 @@ def _describe_omegaconf(error: OmegaConfBaseException, schema: Any, layers: list
 
 
 DERIVED: dict[str, str] = {
-    "actor.temperature": "temperature",
-    **{f"{g}.{name}": name for g in ("gconfig", "eval_gconfig") for name in SAMPLING_FIELDS},
+    "actor.temperature": "cua.agent.sampling.temperature",
+    **{
+        f"{g}.{name}": f"cua.agent.sampling.{name}"
+        for g in ("gconfig", "eval_gconfig")
+        for name in SAMPLING_FIELDS
+    },
+    "evaluator.freq_steps": "cua.eval_every",
 }
-"""AReaL fields that ``cua.agent.sampling`` sets (value: the sampling field they come from).
+"""AReaL fields the loader sets from the ``cua`` section (value: the field they come from).
 
 The workflow samples with ``cua.agent.sampling``; PPO's ratio compares the trainer's log-probs
 with the engine's, taken under the sampling temperature, so the trainer's temperature is that
 one (1 for ``temperature: 0``, as the engine reports greedy log-probs). AReaL's ``gconfig``
-mirrors the same settings so its logs show what ran."""
+mirrors the same settings so its logs show what ran. ``cua.eval_every`` is the one evaluation
+frequency: the embedded trainer reads it, AReaL's evaluator on the cluster path reads
+``evaluator.freq_steps``."""
 
 
 def _reject_derived(layers: list[_Layer]) -> None:
@@ -221,8 +230,8 @@ def _reject_derived(layers: list[_Layer]) -> None:
         for layer in layers:
             if layer.sets(key):
                 raise ConfigError(
-                    f"config error: {key} is derived from cua.agent.sampling.{source}; set that "
-                    f"instead (set in {layer.origin})"
+                    f"config error: {key} is derived from {source}; set that instead "
+                    f"(set in {layer.origin})"
                 )
 
 
@@ -233,6 +242,12 @@ def derive_sampling(areal: CUATrainConfig, sampling: SamplingConfig) -> None:
         if gconfig is not None:
             for name in SAMPLING_FIELDS:
                 setattr(gconfig, name, getattr(sampling, name))
+
+
+def derive_eval_frequency(areal: CUATrainConfig, cua: CUASettings) -> None:
+    """``evaluator.freq_steps`` from ``cua.eval_every`` (0, or no ``cua.eval_tasks``: never)."""
+    evaluates = cua.eval_every > 0 and cua.eval_tasks is not None
+    areal.evaluator.freq_steps = cua.eval_every if evaluates else None
 
 
 def check_consistency(areal: CUATrainConfig, cua: CUASettings) -> None:
@@ -372,5 +387,6 @@ def load_config(
     except ValidationError as e:
         raise ConfigError(f"config error: {_describe(e, layers)}") from None
     derive_sampling(areal, cua.agent.sampling)
+    derive_eval_frequency(areal, cua)
     check_consistency(areal, cua)
     return LoadedConfig(areal=areal, cua=cua)

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
-from cua_native.engine.inputs import VisionSpec, mm_token_type_ids
+from cua_native.engine.inputs import VisionSpec
+from cua_native.prompts.token_types import mm_token_type_ids
 
 _DECODE_SDPA_BACKENDS = (
     SDPBackend.FLASH_ATTENTION,
@@ -50,7 +51,7 @@ class RowInput:
 class BatchDecoder:
     """Holds the KV cache, attention mask and next positions of the rows being decoded."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, pad_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, device: torch.device, pad_id: int) -> None:
         self._model = model
         self._device = device
         self._pad_id = pad_id
@@ -81,10 +82,13 @@ class BatchDecoder:
     def _row_positions(self, row: RowInput) -> torch.Tensor:
         """Positions ``[3 or 1, L]`` of one unpadded row."""
         ids = torch.tensor(row.ids, dtype=torch.long)
-        if self._mrope and row.mm:
+        if self._rope_index is not None and row.mm:
+            pos: torch.Tensor
             pos, _ = self._rope_index(
                 ids[None],
-                mm_token_type_ids=mm_token_type_ids(ids[None], self._spec),
+                mm_token_type_ids=mm_token_type_ids(
+                    ids[None], self._spec.image_token_id, self._spec.video_token_id
+                ),
                 image_grid_thw=row.mm.get("image_grid_thw"),
                 video_grid_thw=row.mm.get("video_grid_thw"),
             )
@@ -104,7 +108,8 @@ class BatchDecoder:
                 logits_to_keep=1,
                 **mm,
             )
-        return out.logits[:, -1, :]
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
 
     def prefill(self, rows: list[RowInput]) -> torch.Tensor:
         """Start a fresh cache over ``rows`` (left-padded); return next-token logits ``[B, V]``."""

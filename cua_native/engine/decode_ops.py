@@ -26,7 +26,9 @@ import torch
 
 Rope = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
-COMPILE_OPTIONS = {"emulate_precision_casts": True}
+COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
+    "emulate_precision_casts": True
+}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 from areal.api.engine_api import InferenceEngine
 from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
+from transformers import PreTrainedModel
 
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.inputs import PreparedInput, VisionSpec, prepare_input
@@ -148,14 +149,15 @@ class InProcessEngine(InferenceEngine):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         processor: Any = None,
         tokenizer: Any = None,
         config: InProcessEngineConfig | None = None,
     ) -> None:
         self.config = config or InProcessEngineConfig()
         self.device = torch.device(self.config.device)
-        self.model = model.to(self.device).eval()
+        # transformers wraps `to` in functools.wraps, which mypy reads as an unbound function.
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]
         self.processor = processor
         self.tokenizer = tokenizer or getattr(processor, "tokenizer", None)
         self._vision = VisionSpec.from_config(model.config)

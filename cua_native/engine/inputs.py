@@ -140,13 +140,3 @@ def prepare_input(req: ModelRequest, spec: VisionSpec) -> PreparedInput:
     _check_placeholders(ids_tensor, mm, spec, "image")
     _check_placeholders(ids_tensor, mm, spec, "video")
     return PreparedInput(input_ids=ids, mm=mm)
-
-
-def mm_token_type_ids(ids: torch.Tensor, spec: VisionSpec) -> torch.Tensor:
-    """0 for text, 1 for image placeholders, 2 for video placeholders (Qwen3-VL convention)."""
-    types = torch.zeros_like(ids)
-    if spec.image_token_id is not None:
-        types[ids == spec.image_token_id] = 1
-    if spec.video_token_id is not None:
-        types[ids == spec.video_token_id] = 2
-    return types

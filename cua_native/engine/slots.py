@@ -10,6 +10,7 @@ through ``TextStack`` (a CUDA graph per batch bucket on CUDA, eager elsewhere). 
 from __future__ import annotations
 
 import torch
+from transformers import PreTrainedModel
 
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.kv_arena import KVArena, batch_bucket
@@ -21,7 +22,7 @@ class SlotDecoder:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         device: torch.device,
         pad_id: int,
         block: int,
@@ -81,12 +82,17 @@ class SlotDecoder:
             self._arena.fit(self.size, need, horizon)
         else:
             self._arena.ensure(self.size, need, horizon)
-        width = cache.layers[0].keys.shape[2]
+        filled: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for cached in cache.layers:
+            if cached.keys is None or cached.values is None:
+                raise RuntimeError("prefill left a cache layer without keys or values")
+            filled.append((cached.keys, cached.values))
+        width = filled[0][0].shape[2]
         for i, (row, slot) in enumerate(zip(rows, slots, strict=True)):
             n = len(row.ids)
-            for layer, cached in enumerate(cache.layers):
-                keys = cached.keys[i, :, width - n :]
-                values = cached.values[i, :, width - n :]
+            for layer, (layer_keys, layer_values) in enumerate(filled):
+                keys = layer_keys[i, :, width - n :]
+                values = layer_values[i, :, width - n :]
                 self._arena.write(slot, layer, keys, values)
             self._lengths[slot] = n
             self._next_pos[slot] = int(next_pos[i])

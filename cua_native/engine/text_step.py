@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from cua_native.engine.decode_ops import DecodeOps
 from cua_native.engine.kv_arena import KVArena
@@ -57,12 +58,12 @@ def pick_attention(kind: str, device: torch.device, dtype: torch.dtype) -> str:
     return kind
 
 
-def _text_model(model: torch.nn.Module) -> Any:
+def _text_model(model: PreTrainedModel) -> Any:
     inner = getattr(model, "model", None)
     return getattr(inner, "language_model", inner)
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def unsupported_reason(model: PreTrainedModel) -> str | None:
     """``None`` when ``TextStack`` can decode ``model``, else the reason it cannot."""
     text = _text_model(model)
     config = getattr(text, "config", None)
@@ -95,7 +96,8 @@ def _norm_weight(module: torch.nn.Module) -> tuple[torch.Tensor, float] | None:
     eps = getattr(module, "variance_epsilon", None)
     if eps is None or not type(module).__name__.endswith("RMSNorm"):
         return None
-    return module.weight, float(eps)
+    weight = module.weight
+    return (weight, float(eps)) if isinstance(weight, torch.Tensor) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +115,7 @@ class TextStack:
     """The decode step of one model; see the module docstring."""
 
     def __init__(
-        self, model: torch.nn.Module, attention: str = "matmul", compiled: bool = False
+        self, model: PreTrainedModel, attention: str = "matmul", compiled: bool = False
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -164,7 +166,7 @@ class TextStack:
 
     def _qk_rope(
         self,
-        attn: torch.nn.Module,
+        attn: Any,
         q: torch.Tensor,
         k: torch.Tensor,
         cos: torch.Tensor,
@@ -173,7 +175,7 @@ class TextStack:
         """``ops.qk_rope`` with ``attn``'s query/key norms (if it has them)."""
         q_norm = _norm_weight(attn.q_norm) if hasattr(attn, "q_norm") else None
         k_norm = _norm_weight(attn.k_norm) if hasattr(attn, "k_norm") else None
-        return self.ops.qk_rope(
+        pair: tuple[torch.Tensor, torch.Tensor] = self.ops.qk_rope(
             q,
             k,
             None if q_norm is None else q_norm[0],
@@ -185,10 +187,12 @@ class TextStack:
             self.heads,
             self.kv_heads,
         )
+        return pair
 
     def _normed(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         found = _norm_weight(module)
-        return module(x) if found is None else self.ops.norm(x, *found)
+        normed: torch.Tensor = module(x) if found is None else self.ops.norm(x, *found)
+        return normed
 
     def _add_normed(
         self, hidden: torch.Tensor, delta: torch.Tensor, module: torch.nn.Module
@@ -196,13 +200,18 @@ class TextStack:
         found = _norm_weight(module)
         if found is None:
             hidden = hidden + delta
-            return hidden, module(hidden)
-        return self.ops.add_norm(hidden, delta, *found)
+            normed: torch.Tensor = module(hidden)
+            return hidden, normed
+        pair: tuple[torch.Tensor, torch.Tensor] = self.ops.add_norm(hidden, delta, *found)
+        return pair
 
-    def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor
         if not self._fused_mlp:
-            return mlp(x)
-        return mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+            out = mlp(x)
+        else:
+            out = mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+        return out
 
     def forward(self, arena: KVArena, batch: int, inputs: StepInputs) -> torch.Tensor:
         """Logits ``[batch, vocab]`` of the next token; writes each row's new key/value."""
@@ -227,7 +236,8 @@ class TextStack:
             hidden, normed = self._add_normed(hidden, delta, layer.post_attention_layernorm)
             following = layers[index + 1].input_layernorm if index + 1 < len(layers) else text.norm
             hidden, normed = self._add_normed(hidden, self._mlp(layer.mlp, normed), following)
-        return self._head(normed)
+        logits: torch.Tensor = self._head(normed)
+        return logits
 
     def _write(self, store: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
         """Put each row's ``[heads, head_dim]`` at its flat position ``slots`` (one kernel)."""
@@ -281,7 +291,7 @@ class TextStack:
     ) -> torch.Tensor:
         cum_q, cum_k, used = context
         batch, capacity = keys.shape[0], keys.shape[1]
-        out = torch.ops.aten._flash_attention_forward(
+        out: torch.Tensor = torch.ops.aten._flash_attention_forward(
             q,
             keys.reshape(batch * capacity, self.kv_heads, self.head_dim),
             values.reshape(batch * capacity, self.kv_heads, self.head_dim),

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -15,7 +16,7 @@ def _items(tensors: NamedTensors) -> list[tuple[str, torch.Tensor]]:
 
 
 def check_named_tensors(
-    model: torch.nn.Module, tensors: NamedTensors
+    model: PreTrainedModel, tensors: NamedTensors
 ) -> list[tuple[str, torch.Tensor]]:
     """Validate names and shapes against ``model`` before anything is copied.
 
@@ -46,7 +47,7 @@ def copy_into(model: torch.nn.Module, items: list[tuple[str, torch.Tensor]]) -> 
     return len(items)
 
 
-def load_checkpoint_state(model: torch.nn.Module, path: str | Path) -> dict[str, torch.Tensor]:
+def load_checkpoint_state(model: PreTrainedModel, path: str | Path) -> dict[str, torch.Tensor]:
     """Read a ``save_pretrained`` directory into a state dict with ``model``'s parameter names.
 
     Loading through ``type(model).from_pretrained`` applies the same key conversions as the

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import adbutils
 
@@ -45,6 +45,7 @@ from cua_native.gym.protocol import (
 from cua_native.gym.wire import WireError, png_size
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SWIPE_MS = 400
 LONG_PRESS_MS = 1000
@@ -279,7 +280,7 @@ class AdbDevice:
 
         return await self._run(run, self.screencap_timeout_s + 5)
 
-    async def _run(self, fn: Any, limit: float) -> Any:
+    async def _run(self, fn: Callable[[], _T], limit: float) -> _T:
         try:
             async with asyncio.timeout(limit):
                 return await asyncio.to_thread(fn)
@@ -305,11 +306,11 @@ class AdbExecution:
     _turn: int = field(default=0, init=False)
 
     @property
-    def execution_id(self) -> str:  # type: ignore[override]
+    def execution_id(self) -> str:
         return self.owner.execution_id
 
     @property
-    def task(self) -> Task:  # type: ignore[override]
+    def task(self) -> Task:
         return self.owner.task
 
     async def observe(self) -> Observation:
@@ -357,7 +358,7 @@ class AdbGym:
     adb_keyboard: bool = False
 
     @property
-    def gym_id(self) -> str:  # type: ignore[override]
+    def gym_id(self) -> str:
         return self.inner.gym_id
 
     async def list_tasks(self) -> list[Task]:

@@ -112,7 +112,7 @@ class RetryPolicy:
     retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
 
     def delay(self, attempt: int) -> float:
-        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+        return min(self.backoff_max_s, self.backoff_s * 2.0 ** (attempt - 1))
 
 
 @dataclass(frozen=True, slots=True)

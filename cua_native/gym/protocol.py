@@ -110,8 +110,15 @@ class ExecutionGone(GymError):
 
 @runtime_checkable
 class Execution(Protocol):
-    execution_id: str
-    task: Task
+    @property
+    def execution_id(self) -> str:
+        """The execution's id on its gym (read-only: a wrapper may forward it)."""
+        ...
+
+    @property
+    def task(self) -> Task:
+        """The task this execution runs (read-only)."""
+        ...
 
     async def observe(self) -> Observation: ...
 

@@ -567,7 +567,8 @@ def load_gym(spec: str, seed: int, screenshot_size: tuple[int, int] | None = Non
     if not attr:
         raise ValueError(f"--gym must be 'sim' or 'package.module:factory', got {spec!r}")
     factory = getattr(importlib.import_module(module_name), attr)
-    return factory(seed=seed)
+    gym: Gym = factory(seed=seed)
+    return gym
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ import base64
 import binascii
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from PIL.Image import Image as PILImage
 
@@ -183,7 +183,8 @@ def task_from_json(data: Any) -> Task:
     if not isinstance(data, Mapping):
         raise WireError(f"task must be an object, got {type(data).__name__}")
     fields = dict(data)
-    meta = fields.get("meta") if isinstance(fields.get("meta"), Mapping) else {}
+    raw_meta = fields.get("meta")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     if not fields.get("task_id"):
         ident = fields.get("id") or meta.get("id")
         if ident is None or ident == "":
@@ -217,7 +218,7 @@ def _image_of(shot: Screenshot) -> PILImage:
     return shot.image
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

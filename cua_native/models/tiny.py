@@ -17,6 +17,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import (
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        Qwen3VLForConditionalGeneration,
+        Qwen3VLProcessor,
+    )
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -104,7 +113,9 @@ def default_corpus() -> list[str]:
     return actions * 20 + prose * 20 + digits
 
 
-def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 2048):
+def build_tokenizer(
+    corpus: Iterable[str] | None = None, vocab_size: int = 2048
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer with Qwen's special and added tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -130,7 +141,9 @@ def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 2048)
     return fast
 
 
-def build_processor(tokenizer, spec: TinySpec = TinySpec()):
+def build_processor(
+    tokenizer: PreTrainedTokenizerBase, spec: TinySpec = TinySpec()
+) -> Qwen3VLProcessor:
     """A Qwen3-VL processor (patch 16, merge 2: factor 32) around ``tokenizer``."""
     from transformers import Qwen2VLImageProcessorFast, Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
@@ -155,7 +168,9 @@ def build_processor(tokenizer, spec: TinySpec = TinySpec()):
     )
 
 
-def build_model(tokenizer, spec: TinySpec = TinySpec()):
+def build_model(
+    tokenizer: PreTrainedTokenizerBase, spec: TinySpec = TinySpec()
+) -> Qwen3VLForConditionalGeneration:
     """A randomly initialised 2-layer Qwen3-VL whose special-token ids match ``tokenizer``."""
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
@@ -205,7 +220,8 @@ def build_model(tokenizer, spec: TinySpec = TinySpec()):
     model = Qwen3VLForConditionalGeneration(config)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
-    return model.eval()
+    model.eval()
+    return model
 
 
 def build_tiny_qwen3_vl(

@@ -111,8 +111,8 @@ def render_messages(
     check_history(history)
     if window is None:
         window = initial_window(len(history), config.history_images or 1, config.max_images)
-    family = mai_ui if config.family == "mai_ui" else qwen3_vl
-    return family.render_messages(
+    render = mai_ui.render_messages if config.family == "mai_ui" else qwen3_vl.render_messages
+    return render(
         task,
         history,
         current,

@@ -82,7 +82,8 @@ class PreparedImage:
     def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()`` once per ``key`` for this image (races only compute twice)."""
         try:
-            return self._cache[key]
+            found: T = self._cache[key]
+            return found
         except KeyError:
             value = compute()
             self._cache[key] = value

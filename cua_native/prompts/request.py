@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
@@ -33,6 +32,7 @@ from cua_native.prompts.pixels import (
     PromptTensors,
     image_features,
 )
+from cua_native.prompts.token_types import mm_token_type_ids
 
 VLLM_IMAGE_PLACEHOLDER = "placeholder"
 """AReaL's vLLM backend replaces every ``image_url`` with ``req.image_data`` in order."""
@@ -103,9 +103,10 @@ def vllm_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render_text(processor: Any, messages: Sequence[dict[str, Any]]) -> str:
-    return processor.apply_chat_template(
+    text: str = processor.apply_chat_template(
         tokenizer_messages(messages), tokenize=False, add_generation_prompt=True
     )
+    return text
 
 
 def image_token_count(processor: Any, image: PreparedImage) -> int:
@@ -166,14 +167,14 @@ def count_tokens(
     return tokenize_prompt(processor, messages, images).length
 
 
-def mm_token_type_ids(processor: Any, input_ids: Sequence[int]) -> torch.Tensor:
-    """``(1, L)`` int64: 1 on image pads, 2 on video pads, 0 elsewhere (as the processor)."""
-    ids = np.asarray(input_ids, dtype=np.int64)
-    types = (ids == _image_token_id(processor)).astype(np.int64)
+def _token_types(processor: Any, input_ids: Sequence[int]) -> torch.Tensor:
+    """The prompt's ``(1, L)`` ``mm_token_type_ids`` under the processor's pad ids."""
     video_id = getattr(processor, "video_token_id", None)
-    if video_id is not None:
-        types += (ids == int(video_id)).astype(np.int64) * 2
-    return torch.from_numpy(types.reshape(1, -1))
+    return mm_token_type_ids(
+        torch.tensor([list(input_ids)], dtype=torch.long),
+        _image_token_id(processor),
+        None if video_id is None else int(video_id),
+    )
 
 
 def expand_prompt(
@@ -216,7 +217,7 @@ def expand_prompt(
     grid_tokens = sum(f.patches for f in features) // (merge * merge)
     _check_expansion(processor, input_ids, images, grid_tokens)
     mm = PromptTensors(
-        pixels, {"mm_token_type_ids": partial(mm_token_type_ids, processor, input_ids)}
+        pixels, {"mm_token_type_ids": partial(_token_types, processor, input_ids)}
     )
     return ProcessedPrompt(
         input_ids=input_ids, multi_modal_input=mm, text=tokenized.text, pixels=pixels

@@ -111,6 +111,32 @@ class EpisodeRecord:
                 counts[turn.parsed.error.kind] = counts.get(turn.parsed.error.kind, 0) + 1
         return counts
 
+    def figures(self) -> EpisodeFigures:
+        """What is counted of this episode (see ``EpisodeFigures``)."""
+        errors: dict[str, int] = dict.fromkeys(ERROR_KINDS, 0)
+        errors.update(self.parse_errors)
+        return EpisodeFigures(
+            reward=self.reward,
+            success=self.success,
+            turns=len(self.turns),
+            parse_errors=errors,
+            token_mismatches=sum(turn.token_mismatch for turn in self.turns),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeFigures:
+    """The figures of one episode that everything reporting episodes counts: ``EpisodeTally``
+    (step summaries, evaluations, ``evaluate``), the workflow's per-episode AReaL stats and the
+    monitor's rollout row all read them here instead of recounting the turns."""
+
+    reward: float
+    success: bool
+    turns: int
+    parse_errors: dict[str, int]
+    """Parse errors by kind: every kind of ``ERROR_KINDS`` (0 when none)."""
+    token_mismatches: int
+
 
 class EpisodeObserver(Protocol):
     """Receives episode events. Implementations return at once and never raise."""
@@ -123,7 +149,9 @@ class EpisodeObserver(Protocol):
 
 
 class NullObserver:
-    """Records nothing."""
+    """Records nothing; a base for observers that only need some of the hooks."""
+
+    __slots__ = ()
 
     def episode_started(self, context: EpisodeContext) -> None:
         return None
@@ -159,7 +187,7 @@ class FanoutObserver:
 
 
 @dataclass(slots=True)
-class EpisodeTally:
+class EpisodeTally(NullObserver):
     """Counts finished episodes: the one tally of step summaries, evaluations and the
     ``evaluate`` command (an observer, or fed with ``episode_finished(record)``)."""
 
@@ -172,24 +200,19 @@ class EpisodeTally:
     token_mismatches: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
 
-    def episode_started(self, context: EpisodeContext) -> None:
-        return None
-
-    def turn_finished(self, context: EpisodeContext, turn: TurnRecord) -> None:
-        return None
-
     def episode_finished(self, record: EpisodeRecord) -> None:
         if record.outcome == "rejected":
             self.rejected += 1
             reason = str(record.reject_reason or "unknown")
             self.reject_reasons[reason] = self.reject_reasons.get(reason, 0) + 1
             return
+        figures = record.figures()
         self.completed += 1
-        self.token_mismatches += sum(turn.token_mismatch for turn in record.turns)
-        self.successes += int(record.success)
-        self.rewards.append(record.reward)
-        self.turns.append(len(record.turns))
-        for kind, n in record.parse_errors.items():
+        self.token_mismatches += figures.token_mismatches
+        self.successes += int(figures.success)
+        self.rewards.append(figures.reward)
+        self.turns.append(figures.turns)
+        for kind, n in figures.parse_errors.items():
             self.parse_errors[kind] = self.parse_errors.get(kind, 0) + n
 
     @property

@@ -23,7 +23,7 @@ gets ``A = (R - mean(R)) / (std(R) + eps)`` (unbiased std, AReaL's default), the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 from areal.utils.data import concat_padded_tensors
 
 from cua_native.prompts.pixels import PromptPixels
+from cua_native.prompts.token_types import mm_token_type_ids
 from cua_native.rollout.episode import EpisodeRun
 from cua_native.rollout.records import TurnRecord
 
@@ -95,43 +96,58 @@ def attribute_rewards(
     return attributed
 
 
+def sequence_row(
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    multi_modal_input: Mapping[str, Any],
+    tokens: VisionTokens,
+) -> dict[str, Any]:
+    """The row builder: one prompt + output sequence as a row (batch dimension 1) with what
+    every trained row has: ``input_ids``, ``mm_token_type_ids`` (the prompt's placeholders;
+    the output is text), ``loss_mask`` (1 on the output), ``attention_mask`` and the prompt's
+    vision tensors. ``turn_sample`` adds the RL fields; SFT demonstrations use it as is."""
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    n_prompt = len(prompt)
+    seq = np.concatenate([prompt, np.asarray(output_ids, dtype=np.int64)])
+    mm_types = torch.zeros((1, len(seq)), dtype=torch.long)
+    mm_types[0, :n_prompt] = mm_token_type_ids(
+        torch.from_numpy(prompt), tokens.image_pad, tokens.video_pad
+    )
+    loss_mask = np.zeros(len(seq), dtype=np.int32)
+    loss_mask[n_prompt:] = 1
+    return {
+        "input_ids": _row(seq),
+        "mm_token_type_ids": mm_types,
+        "loss_mask": _row(loss_mask),
+        "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
+        "multi_modal_input": [{k: v for k, v in multi_modal_input.items() if k in _MM_KEYS}],
+    }
+
+
 def turn_sample(
     turn: TurnRecord,
     multi_modal_input: dict[str, Any] | PromptPixels,
     reward: float,
     tokens: VisionTokens,
 ) -> dict[str, Any]:
-    """One turn as an AReaL row (batch dimension 1)."""
+    """One turn as an AReaL row (batch dimension 1): ``sequence_row`` plus the engine's
+    ``logprobs`` and ``versions`` on the output (0 and -1 on the prompt) and the turn's
+    ``rewards``."""
     if isinstance(multi_modal_input, PromptPixels):
         multi_modal_input = multi_modal_input.tensors()
     if not turn.output_ids:
         raise ValueError(f"turn {turn.index} has no output tokens")
-    prompt = np.asarray(turn.prompt_ids, dtype=np.int64)
-    n_prompt = len(prompt)
-    seq = np.concatenate([prompt, np.asarray(turn.output_ids, dtype=np.int64)])
-    mm_types = np.zeros(len(seq), dtype=np.int64)
-    mm_types[:n_prompt] = prompt == tokens.image_pad
-    if tokens.video_pad is not None:
-        mm_types[:n_prompt][prompt == tokens.video_pad] = 2
-    loss_mask = np.zeros(len(seq), dtype=np.int32)
-    loss_mask[n_prompt:] = 1
-    logprobs = np.zeros(len(seq), dtype=np.float32)
-    logprobs[n_prompt:] = turn.output_logprobs
-    versions = np.full(len(seq), -1, dtype=np.int32)
-    versions[n_prompt:] = turn.output_versions
-    sample: dict[str, Any] = {
-        "input_ids": _row(seq),
-        "mm_token_type_ids": _row(mm_types),
-        "loss_mask": _row(loss_mask),
-        "logprobs": _row(logprobs),
-        "versions": _row(versions),
-        "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
-        "rewards": torch.tensor([reward], dtype=torch.float32),
-    }
-    mm = {k: v for k, v in multi_modal_input.items() if k in _MM_KEYS}
-    if "pixel_values" not in mm:
+    if "pixel_values" not in multi_modal_input:
         raise ValueError(f"turn {turn.index} has no pixel_values: every prompt holds a screenshot")
-    sample["multi_modal_input"] = [mm]
+    sample = sequence_row(turn.prompt_ids, turn.output_ids, multi_modal_input, tokens)
+    n_prompt, length = len(turn.prompt_ids), sample["input_ids"].shape[1]
+    logprobs = np.zeros(length, dtype=np.float32)
+    logprobs[n_prompt:] = turn.output_logprobs
+    versions = np.full(length, -1, dtype=np.int32)
+    versions[n_prompt:] = turn.output_versions
+    sample["logprobs"] = _row(logprobs)
+    sample["versions"] = _row(versions)
+    sample["rewards"] = torch.tensor([reward], dtype=torch.float32)
     return sample
 
 

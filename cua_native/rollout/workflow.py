@@ -31,7 +31,6 @@ from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import stats_tracker
 from areal.utils.dynamic_import import import_from_string
 
-from cua_native.actions.errors import ERROR_KINDS
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig
@@ -304,16 +303,16 @@ def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
     per phase, token mismatches, end reasons."""
     for run in runs:
         record = run.record
-        errors = record.parse_errors
+        figures = record.figures()
         values: dict[str, float] = {
-            "reward": record.reward,
-            "success": float(record.success),
-            "turns": float(len(record.turns)),
-            "token_mismatches": float(sum(t.token_mismatch for t in record.turns)),
+            "reward": figures.reward,
+            "success": float(figures.success),
+            "turns": float(figures.turns),
+            "token_mismatches": float(figures.token_mismatches),
             "attempts": float(record.context.attempt + 1),
             f"end/{record.end_reason or 'unknown'}": 1.0,
         }
-        values.update({f"parse_errors/{kind}": float(errors.get(kind, 0)) for kind in ERROR_KINDS})
+        values.update({f"parse_errors/{k}": float(n) for k, n in figures.parse_errors.items()})
         values.update({f"time/{phase}": seconds for phase, seconds in record.timings.items()})
         tracker.scalar(**{f"{STAT_PREFIX}/{key}": value for key, value in values.items()})
 

@@ -82,14 +82,18 @@ def _patient_local_scheduler(config: Any) -> Any:
         async def _wait_for_fork_ready(
             session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
         ) -> bool:
-            return await LocalScheduler._wait_for_fork_ready(
+            ready: bool = await LocalScheduler._wait_for_fork_ready(
                 session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)
             )
+            return ready
 
     return PatientLocalScheduler(exp_config=config, startup_timeout=FORK_READY_TIMEOUT_S)
 
 
 class CUAPPOTrainer(PPOTrainer):
+    stats_logger: Any
+    """AReaL's ``StatsLogger``, wrapped in ``_CommitTap`` once the base class has made it."""
+
     def __init__(
         self,
         config: Any,
@@ -164,7 +168,7 @@ class CUAPPOTrainer(PPOTrainer):
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def train(  # type: ignore[override]
+    def train(
         self,
         workflow: Any = None,
         eval_workflow: Any = None,

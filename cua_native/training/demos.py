@@ -31,13 +31,12 @@ from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
 from cua_native.rollout.agent import feedback_for
 from cua_native.rollout.dataset import TaskSource, select_tasks
 from cua_native.rollout.episode import close_execution
-from cua_native.rollout.trajectory import VisionTokens
+from cua_native.rollout.trajectory import VisionTokens, sequence_row
 
 logger = logging.getLogger(__name__)
 
 STOP_TOKEN = "<|im_end|>"
 DEFAULT_TIMEOUT_S = 60.0
-_MM_KEYS = ("pixel_values", "image_grid_thw")
 
 
 class DemoError(RuntimeError):
@@ -120,23 +119,10 @@ def demo_sample(
     target_ids: Sequence[int],
     tokens: VisionTokens,
 ) -> dict[str, Any]:
-    """One SFT row: loss on exactly the target tokens."""
+    """One SFT row (the rollout's ``sequence_row``): loss on exactly the target tokens."""
     if not target_ids:
         raise DemoError("a demonstration needs at least one target token")
-    seq = list(prompt_ids) + list(target_ids)
-    mm_types = [
-        1 if i == tokens.image_pad else 2 if i == tokens.video_pad else 0 for i in prompt_ids
-    ] + [0] * len(target_ids)
-    mm = {k: v for k, v in multi_modal_input.items() if k in _MM_KEYS}
-    return {
-        "input_ids": torch.tensor([seq], dtype=torch.long),
-        "loss_mask": torch.tensor(
-            [[0] * len(prompt_ids) + [1] * len(target_ids)], dtype=torch.int32
-        ),
-        "attention_mask": torch.ones((1, len(seq)), dtype=torch.bool),
-        "mm_token_type_ids": torch.tensor([mm_types], dtype=torch.long),
-        "multi_modal_input": [mm],
-    }
+    return sequence_row(prompt_ids, target_ids, multi_modal_input, tokens)
 
 
 def same_action(a: m.Action, b: m.Action, tolerance: float) -> bool:

@@ -95,7 +95,7 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[
     adv = torch.cat([a["advantages"][a["loss_mask"].bool()].abs() for a in advantages])
     actor.ppo_update(advantages)
     actor.engine.lr_scheduler_step()
-    stats = stats_tracker.export_all()
+    stats: dict[str, float] = stats_tracker.export_all()
     if gaps:
         stats["cua/logp_gap/avg"] = float(torch.cat(gaps).mean())
     stats["cua/adv_abs/avg"] = float(adv.mean()) if adv.numel() else 0.0

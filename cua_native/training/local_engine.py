@@ -25,6 +25,7 @@ from areal.api.io_struct import SaveLoadMeta, WeightUpdateMeta
 from areal.utils import stats_tracker
 from areal.utils.data import concat_padded_tensors
 from areal.utils.functional import gather_logprobs_entropy
+from transformers import PreTrainedModel
 
 PER_TOKEN_KEYS = frozenset(
     {
@@ -51,7 +52,7 @@ class LocalTrainEngine(TrainEngine):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         *,
         lr: float = 1e-4,
         weight_decay: float = 0.0,
@@ -67,7 +68,8 @@ class LocalTrainEngine(TrainEngine):
         ``eps``) or ``sgd`` (plain SGD: a step moves each weight in proportion to its gradient,
         where Adam's first steps move every weight by about ``lr`` whatever its gradient)."""
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        # transformers wraps `to` in functools.wraps, which mypy reads as an unbound function.
+        self.model = model.to(self.device)  # type: ignore[arg-type]
         self.temperature = temperature
         self.grad_clip = grad_clip
         self.processor = processor
@@ -148,7 +150,8 @@ class LocalTrainEngine(TrainEngine):
         return self._version
 
     def export_stats(self) -> dict[str, float]:
-        return stats_tracker.export_all()
+        stats: dict[str, float] = stats_tracker.export_all()
+        return stats
 
     # ------------------------------------------------------------------ weights
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -181,7 +184,7 @@ class LocalTrainEngine(TrainEngine):
             processor.save_pretrained(path)
         elif meta.tokenizer is not None:
             meta.tokenizer.save_pretrained(path)
-        state = {"version": self._version}
+        state: dict[str, Any] = {"version": self._version}
         if meta.with_optim:
             state["optimizer"] = self.optimizer.state_dict()
         torch.save(state, path / "trainer_state.pt")
@@ -249,11 +252,17 @@ class LocalTrainEngine(TrainEngine):
         if "mm_token_type_ids" in row and "pixel_values" in kwargs:
             kwargs["mm_token_type_ids"] = row["mm_token_type_ids"].to(self.device).unsqueeze(0)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        return out.logits[0].float()
+        logits: torch.Tensor = out.logits[0].float()
+        return logits
 
-    def _logprobs_entropy(self, row: dict[str, Any], logits: torch.Tensor):
+    def _logprobs_entropy(
+        self, row: dict[str, Any], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         labels = torch.roll(row["input_ids"].to(self.device), shifts=-1, dims=-1)
-        return gather_logprobs_entropy(logits, labels, temperature=self.temperature)
+        pair: tuple[torch.Tensor, torch.Tensor] = gather_logprobs_entropy(
+            logits, labels, temperature=self.temperature
+        )
+        return pair
 
     @torch.no_grad()
     def forward_batch(

@@ -96,20 +96,21 @@ def plan_rehearsal(
                   "one GPU holds both the server and the actor; NCCL needs two devices")
         if areal.actor.attn_impl.startswith("flash_attention") and not flash_attn:
             r.set("actor.attn_impl", "sdpa", "flash-attn is not installed; one sequence per micro-batch")
-    for key, value in (
+    scaled: str | None
+    value: object
+    for scaled, value in (
         # one step per epoch at least: AReaL stops after epochs x (tasks / batch) steps
         ("total_train_steps", steps), ("total_train_epochs", steps),
         ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
         ("actor.ppo_n_minibatches", 1), ("saver.freq_steps", steps),
-        ("evaluator.freq_steps", 1 if cua.eval_tasks is not None else None),
         ("cua.eval_every", 1 if cua.eval_tasks is not None else 0),
         ("cua.tasks.limit", 4), ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
         ("cua.agent.group_size", 2), ("cua.agent.max_turns", 2),
         ("cua.agent.sampling.max_new_tokens", 16),  # gconfig follows (derived)
         ("cua.agent.prompt.max_context_tokens", 8192),
     ):
-        if key is not None and value is not None:
-            r.set(key, value, "sizes scaled down")
+        if scaled is not None and value is not None:
+            r.set(scaled, value, "sizes scaled down")
     configured = cua.agent.prompt.get("max_pixels")
     if configured is None or int(configured) > processor_budget:
         r.set("cua.agent.prompt.max_pixels", processor_budget,

@@ -23,6 +23,7 @@ from cua_native.rollout.trajectory import (
     discounted,
     group_samples,
     normalized_rewards,
+    sequence_row,
     turn_sample,
 )
 
@@ -90,6 +91,25 @@ def test_turn_sample_layout() -> None:
     assert check_trajectory_format(sample)
     with pytest.raises(ValueError, match="pixel_values"):
         turn_sample(turn, {}, 0.0, TOKENS)
+
+
+def test_turn_rows_extend_the_one_sequence_row() -> None:
+    """Demonstrations use ``sequence_row`` as is; a turn's row is that row plus the RL fields.
+    Placeholders are marked on the prompt only (a video pad 2, an image pad the model
+    generated stays text)."""
+    turn = _turn(0, 6, 3)
+    turn.prompt_ids[4] = 8
+    turn.output_ids[1] = IMAGE_PAD
+    mm = {"pixel_values": torch.ones(2, 3), "image_grid_thw": torch.tensor([[1, 1, 2]]), "x": 1}
+    base = sequence_row(turn.prompt_ids, turn.output_ids, mm, TOKENS)
+    sample = turn_sample(turn, mm, 0.5, TOKENS)
+    assert set(sample) - set(base) == {"logprobs", "versions", "rewards"}
+    for key in ("input_ids", "mm_token_type_ids", "loss_mask", "attention_mask"):
+        assert torch.equal(sample[key], base[key]), key
+    assert base["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 2, 0, 0, 0, 0]]
+    assert base["mm_token_type_ids"].dtype == base["input_ids"].dtype == torch.long
+    assert base["multi_modal_input"] == [{"pixel_values": mm["pixel_values"],
+                                          "image_grid_thw": mm["image_grid_thw"]}]
 
 
 def test_group_rows_are_per_turn_and_normalised_per_episode() -> None:

@@ -57,7 +57,6 @@ def test_vlm_configs_default_to_sglang() -> None:
         ("actor.use_decoupled_loss=false", "actor.use_decoupled_loss"),
         ("actor.weight_update_mode=nccl", "actor.weight_update_mode"),
         ("rollout.backend=trt:d4", "rollout.backend"),
-        ("evaluator.freq_steps=3", "evaluator.freq_steps"),
         ("cua.agent.prompt.max_pixels=null", "cua.agent.prompt.max_pixels"),
     ],
 )

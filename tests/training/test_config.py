@@ -64,6 +64,7 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),
         ("actor.temperature=0.9", "derived from cua.agent.sampling.temperature"),
         ("gconfig.max_new_tokens=9", "derived from cua.agent.sampling.max_new_tokens"),
+        ("evaluator.freq_steps=3", "evaluator.freq_steps is derived from cua.eval_every"),
         ("cua.checkpoint_every=3", "It moved to saver.freq_steps"),
     ],
 )
@@ -147,3 +148,22 @@ def test_sampling_is_the_one_place_temperatures_come_from(
         assert gconfig is not None
         assert (gconfig.temperature, gconfig.top_k) == (temperature, 7)
         assert gconfig.max_new_tokens == loaded.cua.agent.sampling.max_new_tokens
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "freq_steps"),
+    [
+        ("default.yaml", [], 4),
+        ("default.yaml", ["cua.eval_every=3"], 3),
+        ("default.yaml", ["cua.eval_every=0"], None),
+        ("default.yaml", ["cua.eval_tasks=null"], None),
+        ("qwen3_vl_android.yaml", [], 20),
+        ("qwen3_vl_android.yaml", ["cua.eval_every=5"], 5),
+    ],
+)
+def test_eval_every_is_the_one_evaluation_frequency(
+    config: str, overrides: list[str], freq_steps: int | None
+) -> None:
+    """AReaL's evaluator (the cluster path) runs on the frequency the embedded trainer reads."""
+    loaded = load_config(CONFIGS[0].parent / config, overrides)
+    assert loaded.areal.evaluator.freq_steps == freq_steps

@@ -13,7 +13,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from cua_native.engine.serve import Backend
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -26,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 @dataclass(frozen=True, slots=True)
 class ServeArgs:
     model: Path
-    backend: str
+    backend: Backend
     host: str
     port: int
     device: str
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(ready_line, flush=True)
 
     try:
-        app = build_app(ServedModel(engine, args.served_model_name), args.backend)  # type: ignore[arg-type]
+        app = build_app(ServedModel(engine, args.served_model_name), args.backend)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_keep_alive=60)
         _Server(config).run(sockets=[sock])
     finally:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from areal.api.io_struct import ModelRequest, ModelResponse
@@ -44,7 +45,9 @@ class ServedModel:
         self.engine = engine
         self.name = name
         self.processor = engine.processor
-        self.tokenizer = engine.tokenizer
+        if engine.tokenizer is None:
+            raise ValueError("the served engine has no tokenizer: the server detokenizes output")
+        self.tokenizer: Any = engine.tokenizer
         text_config = engine.model.config.get_text_config()
         self.max_context = int(getattr(text_config, "max_position_embeddings", 0) or 1 << 20)
         self.groups = WeightGroups(engine.device)

@@ -185,7 +185,7 @@ class _VllmServer:
             chat_prompt,
             served.processor,
             served.tokenizer,
-            body.get("messages"),
+            body.get("messages") or [],
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
             continue_final_message=bool(body.get("continue_final_message", False)),
             chat_template_kwargs=body.get("chat_template_kwargs"),

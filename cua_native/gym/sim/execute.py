@@ -145,10 +145,9 @@ class Phone:
             self.command(element.long)
 
     def swipe(self, action: m.Swipe) -> None:
-        has_start = action.x is not None and action.y is not None
         start = (
             self.design(action.x, action.y)
-            if has_start  # type: ignore[arg-type]
+            if action.x is not None and action.y is not None
             else (DESIGN_W / 2, DESIGN_H / 2)
         )
         if action.x2 is not None and action.y2 is not None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
 from PIL import Image
 
@@ -39,6 +40,8 @@ from cua_native.gym.sim.screens import build_layout, screen_for
 from cua_native.gym.sim.solver import SwipeStyle, next_step
 from cua_native.gym.sim.state import PhoneState, new_state
 from cua_native.gym.sim.tasks import apply_setup, catalogue, validate
+
+_T = TypeVar("_T")
 
 DEFAULT_USER_REPLY = "No further information. Please continue with the task."
 
@@ -187,7 +190,7 @@ class SimGym:
         self._ids = itertools.count(1)
         self._live: dict[str, SimExecution] = {}
 
-    async def offload(self, fn: Any, *args: Any) -> Any:
+    async def offload(self, fn: Callable[..., _T], *args: Any) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, fn, *args)
 

@@ -65,7 +65,7 @@ class _Builder:
 def _replace(element: Element, **changes: object) -> Element:
     fields = {name: getattr(element, name) for name in element.__slots__}
     fields.update(changes)
-    return Element(**fields)  # type: ignore[arg-type]
+    return Element(**fields)
 
 
 def _full_row(element_id: str, kind: str, label: str, **kw: object) -> Element:

@@ -528,7 +528,8 @@ def check(state: PhoneState, spec: Spec, answer: str | None) -> tuple[bool, str]
         left = [n for n in state.notes if _normal(n.title) == _normal(spec["title"])]
         return not left, f"{len(left)} note(s) titled {spec['title']!r} left"
     if kind == "item_open":
-        item = state.item(int(state.screen.arg)) if state.screen.key == ("shop", "item") else None
+        arg = state.screen.arg if state.screen.key == ("shop", "item") else None
+        item = state.item(int(arg)) if arg is not None else None
         ok = item is not None and item.name == spec["name"]
         return ok, f"open product: {item.name if item else 'none'}"
     if kind == "in_cart":

@@ -297,7 +297,8 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
     context = record.context
     episode = context.episode_id
     now = utc_now()
-    errors = record.parse_errors
+    figures = record.figures()
+    errors = figures.parse_errors
     turns = record.turns
     actions = [t.parsed.action for t in turns if t.parsed.action is not None]
     failed_steps = [t.step for t in turns if t.step is not None and not t.step.ok]
@@ -316,8 +317,8 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
                 "end_time": now,
                 "task_end_time": now,
                 "rollout_time": float(sum(record.timings.values())),
-                "reward": record.reward,
-                "task_success": record.success,
+                "reward": figures.reward,
+                "task_success": figures.success,
                 "task_completed": finished,
                 "agent_reported_success": (
                     getattr(last, "status", None) == "success" if last is not None else None
@@ -325,17 +326,17 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
                 "validation_passed": (
                     None if record.evaluation is None else record.evaluation.success
                 ),
-                "num_turns": len(turns),
+                "num_turns": figures.turns,
                 "num_total_actions": len(actions),
                 "consecutive_repeated_actions": _longest_repeat(actions),
-                "parse_errors": errors.get("format", 0),
-                "tool_name_errors": errors.get("tool_name", 0),
-                "tool_arg_errors": errors.get("tool_arg", 0),
+                "parse_errors": errors["format"],
+                "tool_name_errors": errors["tool_name"],
+                "tool_arg_errors": errors["tool_arg"],
                 "runtime_errors": len(failed_steps),
                 "ran_out_of_turns": record.end_reason == "max_turns",
                 "attempted_completion": finished,
-                "turn_task_completed": len(turns) if finished else None,
-                "turn_first_success": len(turns) if record.success else None,
+                "turn_task_completed": figures.turns if finished else None,
+                "turn_first_success": figures.turns if figures.success else None,
                 "errors": [s.error for s in failed_steps if s.error]
                 + [
                     f"{t.parsed.error.kind}: {t.parsed.error.message}"
@@ -346,10 +347,10 @@ def episode_end_rows(record: EpisodeRecord) -> list[Row]:
                     "group_id": context.group_id or None,
                     "outcome": record.outcome,
                     "end_reason": record.end_reason,
-                    "reward": record.reward,
-                    "success": record.success,
+                    "reward": figures.reward,
+                    "success": figures.success,
                     "answer": record.answer,
-                    "num_turns": len(turns),
+                    "num_turns": figures.turns,
                     "timings": dict(record.timings),
                     "execution_id": context.execution_id,
                     "task_id": context.task.task_id,

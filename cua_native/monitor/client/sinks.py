@@ -84,7 +84,7 @@ class SqlSink:
 
     async def send(self, batch: dict[str, Any]) -> dict[str, Any]:
         try:
-            result = await self.store.aingest(batch)
+            result: dict[str, Any] = await self.store.aingest(batch)
         except (IngestError, ValidationError) as exc:
             raise SinkRejected(str(exc)) from exc
         except asyncio.CancelledError:

@@ -160,7 +160,8 @@ class IdMap:
         self.ids: dict[str, OrderedDict[str, int]] = {}
 
     def get(self, kind: str, client_id: str) -> int | None:
-        return self.ids.get(kind, {}).get(client_id)
+        known = self.ids.get(kind)
+        return None if known is None else known.get(client_id)
 
     def put(self, kind: str, client_id: str, remote_id: int) -> bool:
         """Remember an id; returns whether it is worth persisting."""

@@ -64,7 +64,7 @@ def training(session: Session, training_id: int) -> dict[str, Any] | None:
     steps = session.scalars(
         select(Step).where(Step.training_id == training_id).order_by(Step.step)
     ).all()
-    success = dict(
+    success: dict[int, float] = dict(
         session.execute(
             select(Rollout.step_id, func.avg(case((Rollout.task_success == 1, 1.0), else_=0.0)))
             .join(Step, Step.id == Rollout.step_id)
@@ -103,7 +103,12 @@ def eval_outcomes(
     ).all()
     out: dict[tuple[str, int], dict[str, list[bool]]] = {}
     for eval_id, baseline_id, task_id, success in rows:
-        key = ("eval", eval_id) if eval_id is not None else ("baseline", baseline_id)
+        if eval_id is not None:
+            key = ("eval", eval_id)
+        elif baseline_id is not None:
+            key = ("baseline", baseline_id)
+        else:  # the query asks for rows with one of the two
+            continue
         out.setdefault(key, {}).setdefault(task_id, []).append(success == 1)
     return out
 
@@ -111,7 +116,7 @@ def eval_outcomes(
 def source(session: Session, kind: str, source_id: int) -> dict[str, Any] | None:
     model, column = SOURCES[kind]
     row = session.get(model, source_id)
-    if row is None:
+    if not isinstance(row, Step | Eval | Baseline):
         return None
     rollouts = session.execute(
         select(Rollout, Task.task_id, Task.name)
@@ -157,7 +162,7 @@ def _tokens(action: Action) -> list[dict[str, Any]]:
         return []
     if not isinstance(logprobs, list):
         logprobs = []
-    out = []
+    out: list[dict[str, Any]] = []
     for index, entry in enumerate(tokens):
         token = entry.get("text", entry.get("id")) if isinstance(entry, dict) else entry
         logprob = logprobs[index] if index < len(logprobs) else None
