@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Source me: installs and starts PostgreSQL 15 (127.0.0.1:5432, database cua_test) and chromium,
 # then exports CUA_TEST_PG_URL for the monitor store and dashboard tests. Needs root (Debian 12).
+# Test runs that share one PostgreSQL at the same time (several worktrees on one machine) each set
+# their own CUA_TEST_PG_DB first: the tests reset their database, so two runs on one would collide.
 _cua_saved_flags="$-"
 _cua_saved_pipefail="$(shopt -po pipefail)"
 set -euo pipefail
@@ -24,13 +26,15 @@ DO $$ BEGIN
     END IF;
 END $$;
 SQL
-if ! su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname = 'cua_test'\"" | grep -q 1; then
-    su postgres -c "createdb -O cua cua_test"
+_cua_db="${CUA_TEST_PG_DB:-cua_test}"
+case "$_cua_db" in *[!a-z0-9_]*|"") echo "CUA_TEST_PG_DB must be [a-z0-9_]+: $_cua_db" >&2; return 2 ;; esac
+if ! su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname = '$_cua_db'\"" | grep -q 1; then
+    su postgres -c "createdb -O cua $_cua_db"
 fi
 
-export CUA_TEST_PG_URL="postgresql+psycopg://cua:cua@127.0.0.1:5432/cua_test"
+export CUA_TEST_PG_URL="postgresql+psycopg://cua:cua@127.0.0.1:5432/$_cua_db"
 export CUA_TEST_CHROMIUM=/usr/bin/chromium
 case "$_cua_saved_flags" in *e*) ;; *) set +e ;; esac
 case "$_cua_saved_flags" in *u*) ;; *) set +u ;; esac
 eval "$_cua_saved_pipefail"
-unset _cua_saved_flags _cua_saved_pipefail
+unset _cua_saved_flags _cua_saved_pipefail _cua_db
