@@ -38,6 +38,9 @@ class EndReason(StrEnum):
     EVALUATE = "evaluate"
     BAD_REWARD = "bad_reward"
     """The gym's reward is not a finite number."""
+    TOKEN_MISMATCH = "token_mismatch"
+    """A remote server reports another prompt than the builder's ids (count, or ids where it
+    returns them): it generated from ids the trainer does not have."""
 
 
 EpisodeOutcome = Literal["completed", "rejected"]

@@ -12,6 +12,11 @@ retried on a fresh execution; if it fails again the whole group is rejected.
 The workflow is built from plain, serializable kwargs (AReaL may construct it in a rollout
 worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
 are created lazily on first use, once per running event loop.
+
+On an AReaL remote engine (the cluster path) ``arun_episode`` first installs
+``cua_native.engine.remote``'s backend: each turn's prompt is checked against what the server
+reports (a mismatch rejects the episode as ``token_mismatch``), and a vLLM chat turn aborted by
+a weight update is restarted under the new weights rather than concatenated.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from areal.utils import stats_tracker
 from areal.utils.dynamic_import import import_from_string
 
 from cua_native.actions.errors import ERROR_KINDS
+from cua_native.engine.remote import prepare_remote_engine
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig
@@ -186,6 +192,9 @@ class CUAAgentWorkflow(RolloutWorkflow):
             await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
+        # concatenated) when a weight update aborts them; idempotent, other engines untouched
+        prepare_remote_engine(engine)
         resources = await self._resources()
         task = task_from_row(data)
         runs = await self.run_group(engine, task, resources, data)
