@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+
 @dataclass(slots=True)
 class PromptReport:
     """The calls of one turn: ids sent, and the server's prompt count and ids (when given)."""
