@@ -46,6 +46,7 @@ from cua_native.rollout.factories import (
     load_processor,
     make_agent,
     make_gym,
+    media_client,
     model_dtype,
     resolve_model_path,
 )
@@ -86,6 +87,8 @@ class _Resources:
     """The model's dtype: training rows carry pixels in it (half of float32 for bf16)."""
     owns_observer: bool = False
     clocks: dict[int, PauseClock] = field(default_factory=dict)
+    http: Any = None
+    """The prompt builder's client for screenshot URLs (``factories.media_client``), or None."""
 
     def clock_for(self, engine: Any) -> Callable[[], float]:
         """The episodes' clock for ``engine``: it stands still while the trainer holds the
@@ -104,6 +107,8 @@ class _Resources:
         for clock in self.clocks.values():
             await clock.aclose()
         self.clocks.clear()
+        if self.http is not None:
+            await self.http.aclose()
         if self.owns_gym:
             await self.gym.aclose()
         if self.owns_observer:
@@ -167,7 +172,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
         model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
         if processor is None:
             processor = await asyncio.to_thread(load_processor, model_path)
-        agent = make_agent(self.config, processor)
+        http = media_client(self.config.gym)
+        agent = make_agent(self.config, processor, http=http)
         observer = self._given_observer
         if observer is None and self.observer_factory:
             observer = import_from_string(self.observer_factory)()
@@ -181,6 +187,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             observer=observer or NullObserver(),
             pixel_dtype=model_dtype(model_path),
             owns_observer=self._given_observer is None and observer is not None,
+            http=http,
         )
 
     async def aclose(self) -> None:
