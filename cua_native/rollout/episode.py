@@ -358,6 +358,7 @@ class Episode:
             images_in_prompt=len(built.images),
             dropped=dict(built.dropped),
             token_mismatch=prompt_ids != sent_ids or server_mismatch is not None,
+            prompt_checked=report.checked > 0,
             timings=timings,
             output_token_texts=token_texts,
         )

@@ -66,7 +66,10 @@ class TurnRecord:
     dropped: dict[str, int] = field(default_factory=dict)
     """What the prompt builder dropped to fit the budget (e.g. ``{"images": 2, "turns": 0}``)."""
     token_mismatch: bool = False
-    """The engine reported other prompt ids than were sent (the engine's ids were kept)."""
+    """The engine reported other prompt ids than were sent (the engine's ids were kept), or a
+    remote server reported another prompt (the episode is then rejected as ``token_mismatch``)."""
+    prompt_checked: bool = False
+    """A remote server reported the prompt it built and it was compared with the ids sent."""
     timings: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
     """Reward attributed to this turn (after discounting and shaping)."""

@@ -317,7 +317,8 @@ def _engine_version(engine: Any) -> int:
 
 def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
     """Per-episode figures under ``cua/``: reward, success, turns, parse errors by kind, seconds
-    per phase, token mismatches, end reasons."""
+    per phase, token mismatches, turns whose prompt a remote server reported and was checked
+    (``prompt_checks``), end reasons."""
     for run in runs:
         record = run.record
         errors = record.parse_errors
@@ -326,6 +327,7 @@ def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
             "success": float(record.success),
             "turns": float(len(record.turns)),
             "token_mismatches": float(sum(t.token_mismatch for t in record.turns)),
+            "prompt_checks": float(sum(t.prompt_checked for t in record.turns)),
             "attempts": float(record.context.attempt + 1),
             f"end/{record.end_reason or 'unknown'}": 1.0,
         }

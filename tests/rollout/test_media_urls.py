@@ -139,18 +139,22 @@ def click_then_answer(turn: int) -> Any:
     return Click(x=0.5, y=0.5) if turn == 0 else Answer(text="done")
 
 
-def agent_config(domains: list[str]) -> AgentConfig:
-    return AgentConfig(
+def agent_and_engine(
+    domains: list[str], processor: Any, scripted_engine_factory: Any
+) -> tuple[AgentConfig, Any]:
+    """Two turns (click, answer) with ``domains`` as the run's allow-list."""
+    config = AgentConfig(
         max_turns=2, group_size=1, infra_retries=0,
         gym=GymConfig(allowed_media_domains=domains),
     )
+    dialect = make_agent(config, processor).dialect
+    return config, scripted_engine_factory(dialect, click_then_answer)
 
 
 async def test_workflow_fetches_allowed_screenshot_urls(
     processor: Any, scripted_engine_factory: Any
 ) -> None:
-    config = agent_config(["127.0.0.1"])
-    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
+    config, engine = agent_and_engine(["127.0.0.1"], processor, scripted_engine_factory)
     async with media_server() as media:
         gym: Gym = UrlGym(media)
         # the cluster path builds the workflow from serializable kwargs: the list travels in them
@@ -182,8 +186,7 @@ async def test_workflow_fetches_allowed_screenshot_urls(
 async def test_workflow_refuses_screenshot_urls_outside_the_rules(
     processor: Any, scripted_engine_factory: Any, domains: list[str], route: str, fetched: list
 ) -> None:
-    config = agent_config(domains)
-    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
+    config, engine = agent_and_engine(domains, processor, scripted_engine_factory)
     tracker = stats_tracker.get("rollout")
     tracker.export(reset=True)
     async with media_server() as media:
@@ -200,8 +203,7 @@ async def test_workflow_refuses_screenshot_urls_outside_the_rules(
 async def test_evaluate_gives_the_builder_a_client(
     processor: Any, scripted_engine_factory: Any
 ) -> None:
-    config = agent_config(["127.0.0.1"])
-    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
+    config, engine = agent_and_engine(["127.0.0.1"], processor, scripted_engine_factory)
     async with media_server() as media:
         gym = CountingGym(UrlGym(media))  # type: ignore[arg-type]
         tasks = (await gym.list_tasks())[:1]

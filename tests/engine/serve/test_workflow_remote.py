@@ -113,7 +113,7 @@ async def test_workflow_restarts_a_vision_turn_aborted_by_a_weight_update(
         assert turn.output_ids[:6] + answer[: len(answer) - 6] != turn.output_ids
         assert turn.output_versions == [1] * len(answer)
         assert turn.output_logprobs == pytest.approx(expected.turns[0].output_logprobs, abs=1e-5)
-        assert not turn.token_mismatch
+        assert not turn.token_mismatch and turn.prompt_checked
     finally:
         new.destroy()
         engine.destroy()
@@ -165,9 +165,10 @@ async def test_sglang_prompt_count_is_checked(kit: Any, sk: Any, tiny: Any, lyin
     (turn,) = seen.turns
     (record,) = seen.records
     if not lying:
-        assert out is not None and not turn.token_mismatch
+        assert out is not None and not turn.token_mismatch and turn.prompt_checked
         assert record.outcome == "completed"
         assert stats["rollout/cua/token_mismatches"] == 0.0
+        assert stats["rollout/cua/prompt_checks"] == 1.0
         return
     assert out is None  # the group is rejected: its turn came from another prompt
     assert turn.token_mismatch
@@ -193,6 +194,7 @@ async def test_vllm_server_that_templates_otherwise_is_caught_by_its_ids(
             sk, tiny, engine, "vllm", RemotevLLMEngine, lying=False
         )
         assert out is not None and not seen.turns[0].token_mismatch
+        assert seen.turns[0].prompt_checked and stats["rollout/cua/prompt_checks"] == 1.0
         monkeypatch.setattr(vllm_api, "chat_prompt", templated_otherwise)
         out, seen, stats, installed = await _episode_on(
             sk, tiny, engine, "vllm", RemotevLLMEngine, lying=False
