@@ -163,9 +163,10 @@ async def evaluate(
     from tqdm import tqdm
 
     from cua_native.rollout.episode import run_with_retry
-    from cua_native.rollout.factories import make_agent
+    from cua_native.rollout.factories import make_agent, media_client
 
-    agent = make_agent(config, processor)
+    http = media_client(config.gym)
+    agent = make_agent(config, processor, http=http)
     gate = asyncio.Semaphore(concurrency)
     bar = tqdm(total=episodes, file=sys.stderr, disable=not progress, desc="episodes")
     group_id = uuid.uuid4().hex
@@ -195,6 +196,8 @@ async def evaluate(
         return list(await asyncio.gather(*(one(i) for i in range(episodes))))
     finally:
         bar.close()
+        if http is not None:
+            await http.aclose()
 
 
 def render_table(results: Sequence[tuple[Task, EpisodeRun]]) -> tuple[str, EpisodeTally]:

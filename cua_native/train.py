@@ -122,9 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     if loaded.cua.mode == "areal":
+        from cua_native.monitor.client.lifecycle import Terminated
         from cua_native.training.cluster import run_cluster
 
-        run_cluster(loaded)
+        try:
+            run_cluster(loaded)
+        except (KeyboardInterrupt, Terminated) as error:
+            print(f"train: stopped ({error or 'interrupted'}); workers stopped", file=sys.stderr)
+            return 143 if isinstance(error, Terminated) else 130
         return 0
     if loaded.cua.device == "cpu":
         # AReaL torch.compiles its log-prob helper; on CPU the first call spends ~20 s
@@ -153,6 +158,7 @@ def _rehearse(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from cua_native.config import ConfigError, load_config
+    from cua_native.monitor.client.lifecycle import Terminated
     from cua_native.training.rehearsal import rehearse
 
     if not args.config:
@@ -180,6 +186,10 @@ def _rehearse(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as error:
+        print(f"rehearsal: stopped ({error or 'interrupted'}); its processes stopped",
+              file=sys.stderr)
+        return 143 if isinstance(error, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ AReaL's loop keeps nothing of the partial, leaves ``input_ids`` and ``max_new_to
 were and re-sends the original messages, whose answer is generated entirely under the new
 weights. The text path (``/v1/completions`` with token ids) continues exactly and is left as it
 is. ``restart_chat_on_abort(engine)`` installs the backend on an AReaL remote vLLM engine (the
-``RemotevLLMEngine`` or the ``RemoteInfEngine`` a workflow's ``arun_episode`` receives).
+``RemotevLLMEngine`` or the ``RemoteInfEngine`` a workflow's ``arun_episode`` receives). The
+cluster workflow installs ``cua_native.engine.remote.CheckedVLLMBackend``, this backend plus the
+prompt check.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
 from cua_native.actions.dialects import Dialect, get_dialect
-from cua_native.gym.media import fetch_image_url
+from cua_native.gym.media import check_url_allowed, fetch_image_url
 from cua_native.gym.protocol import Screenshot, Task
 from cua_native.prompts import mai_ui, qwen3_vl
 from cua_native.prompts.config import PromptConfig
@@ -212,6 +212,7 @@ class PromptBuilder:
         """The screenshot's bytes or image (fetched first when it is an allow-listed URL)."""
         if screenshot.url is not None:
             if self._http is None:
+                check_url_allowed(screenshot.url, self._allowed)  # names the refused host first
                 raise ValueError("a screenshot URL needs PromptBuilder(http=httpx.AsyncClient())")
             return await fetch_image_url(
                 self._http, screenshot.url, self._allowed, self._fetch_timeout

@@ -22,6 +22,7 @@ from areal.api.io_struct import ModelRequest, ModelResponse
 
 from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
+from cua_native.engine.prompt_report import prompt_report
 from cua_native.gym.protocol import Execution, Gym, Observation, Task
 from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
@@ -337,12 +338,13 @@ class Episode:
         request.metadata.setdefault("episode_id", context.episode_id)
         request.metadata.setdefault("turn", index)
         sent_ids = list(request.input_ids)
-        with self.timer.phase("generate", timings):
+        with self.timer.phase("generate", timings), prompt_report() as report:
             response = await self._generate(request)
         with self.timer.phase("parse", timings):
             text, parsed = agent.read(response.output_tokens, prepared.model_size)
             token_texts = agent.token_texts(response.output_tokens)
         prompt_ids = list(response.input_tokens) or sent_ids
+        server_mismatch = report.mismatch()  # remote engines: what the server built
         turn = TurnRecord(
             index=index,
             observation=screen.observation,
@@ -355,10 +357,16 @@ class Episode:
             stop_reason=response.stop_reason,
             images_in_prompt=len(built.images),
             dropped=dict(built.dropped),
-            token_mismatch=prompt_ids != sent_ids,
+            token_mismatch=prompt_ids != sent_ids or server_mismatch is not None,
+            prompt_checked=report.checked > 0,
             timings=timings,
             output_token_texts=token_texts,
         )
+        if server_mismatch is not None:
+            # the server generated from a prompt the trainer does not have: never trained on
+            self.record.turns.append(turn)
+            notify(self.observer, "turn_finished", self.context, turn)
+            raise InfraFailure(EndReason.TOKEN_MISMATCH, server_mismatch)
         return turn, built.pixels, prepared
 
     async def _generate(self, request: ModelRequest) -> ModelResponse:

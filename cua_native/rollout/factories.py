@@ -118,16 +118,34 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
+MEDIA_TIMEOUT_S = 10.0
+"""Connect/read/write/pool timeout of the prompt builder's screenshot fetches (the whole fetch,
+redirects included, also runs under the builder's own deadline)."""
+
+
+def media_client(config: GymConfig) -> Any:
+    """The prompt builder's HTTP client for screenshot URLs (presigned object-store links), or
+    ``None`` when ``allowed_media_domains`` is empty (every URL is refused then, before any
+    fetch). Redirects are never followed by httpx: ``gym.media.fetch_image_url`` re-checks each
+    hop against the allow-list and the private-address rule. The caller closes it."""
+    if not config.allowed_media_domains:
+        return None
+    import httpx
+
+    return httpx.AsyncClient(timeout=httpx.Timeout(MEDIA_TIMEOUT_S), follow_redirects=False)
+
+
 def make_agent(
     config: AgentConfig,
     processor: Any,
     *,
     executor: Any = None,
     http: Any = None,
-    allowed_media_domains: tuple[str, ...] = (),
 ) -> Agent:
     """The agent of ``config.family``: prompt builder, dialect and sampling settings. The dialect is the
-    one the prompt teaches (same coordinate grid) unless ``config.dialect`` overrides it."""
+    one the prompt teaches (same coordinate grid) unless ``config.dialect`` overrides it.
+    ``http`` (``media_client``) fetches screenshot URLs from ``config.gym.allowed_media_domains``
+    (the run's one allow-list), under ``gym.media``'s SSRF rules."""
     from cua_native.prompts import PromptBuilder, default_prompt_config, dialect_for
 
     tokenizer = processor.tokenizer
@@ -142,7 +160,7 @@ def make_agent(
         processor,
         executor=executor,
         http=http,
-        allowed_media_domains=allowed_media_domains,
+        allowed_media_domains=tuple(config.gym.allowed_media_domains),
         dialect=dialect,
         encode_images=config.encode_images,
     )

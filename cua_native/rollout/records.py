@@ -38,6 +38,9 @@ class EndReason(StrEnum):
     EVALUATE = "evaluate"
     BAD_REWARD = "bad_reward"
     """The gym's reward is not a finite number."""
+    TOKEN_MISMATCH = "token_mismatch"
+    """A remote server reports another prompt than the builder's ids (count, or ids where it
+    returns them): it generated from ids the trainer does not have."""
 
 
 EpisodeOutcome = Literal["completed", "rejected"]
@@ -63,7 +66,10 @@ class TurnRecord:
     dropped: dict[str, int] = field(default_factory=dict)
     """What the prompt builder dropped to fit the budget (e.g. ``{"images": 2, "turns": 0}``)."""
     token_mismatch: bool = False
-    """The engine reported other prompt ids than were sent (the engine's ids were kept)."""
+    """The engine reported other prompt ids than were sent (the engine's ids were kept), or a
+    remote server reported another prompt (the episode is then rejected as ``token_mismatch``)."""
+    prompt_checked: bool = False
+    """A remote server reported the prompt it built and it was compared with the ids sent."""
     timings: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
     """Reward attributed to this turn (after discounting and shaping)."""
@@ -121,6 +127,7 @@ class EpisodeRecord:
             turns=len(self.turns),
             parse_errors=errors,
             token_mismatches=sum(turn.token_mismatch for turn in self.turns),
+            prompt_checks=sum(turn.prompt_checked for turn in self.turns),
         )
 
 
@@ -136,6 +143,8 @@ class EpisodeFigures:
     parse_errors: dict[str, int]
     """Parse errors by kind: every kind of ``ERROR_KINDS`` (0 when none)."""
     token_mismatches: int
+    prompt_checks: int
+    """Turns whose prompt a remote inference server reported back and that were compared."""
 
 
 class EpisodeObserver(Protocol):

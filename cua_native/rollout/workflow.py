@@ -12,6 +12,11 @@ retried on a fresh execution; if it fails again the whole group is rejected.
 The workflow is built from plain, serializable kwargs (AReaL may construct it in a rollout
 worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
 are created lazily on first use, once per running event loop.
+
+On an AReaL remote engine (the cluster path) ``arun_episode`` first installs
+``cua_native.engine.remote``'s backend: each turn's prompt is checked against what the server
+reports (a mismatch rejects the episode as ``token_mismatch``), and a vLLM chat turn aborted by
+a weight update is restarted under the new weights rather than concatenated.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import stats_tracker
 from areal.utils.dynamic_import import import_from_string
 
+from cua_native.engine.remote import prepare_remote_engine
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig
@@ -39,6 +45,7 @@ from cua_native.rollout.factories import (
     load_processor,
     make_agent,
     make_gym,
+    media_client,
     model_dtype,
     resolve_model_path,
 )
@@ -79,6 +86,8 @@ class _Resources:
     """The model's dtype: training rows carry pixels in it (half of float32 for bf16)."""
     owns_observer: bool = False
     clocks: dict[int, PauseClock] = field(default_factory=dict)
+    http: Any = None
+    """The prompt builder's client for screenshot URLs (``factories.media_client``), or None."""
 
     def clock_for(self, engine: Any) -> Callable[[], float]:
         """The episodes' clock for ``engine``: it stands still while the trainer holds the
@@ -97,6 +106,8 @@ class _Resources:
         for clock in self.clocks.values():
             await clock.aclose()
         self.clocks.clear()
+        if self.http is not None:
+            await self.http.aclose()
         if self.owns_gym:
             await self.gym.aclose()
         if self.owns_observer:
@@ -160,7 +171,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
         model_path = await asyncio.to_thread(resolve_model_path, self.config.model_path)
         if processor is None:
             processor = await asyncio.to_thread(load_processor, model_path)
-        agent = make_agent(self.config, processor)
+        http = media_client(self.config.gym)
+        agent = make_agent(self.config, processor, http=http)
         observer = self._given_observer
         if observer is None and self.observer_factory:
             observer = import_from_string(self.observer_factory)()
@@ -174,6 +186,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             observer=observer or NullObserver(),
             pixel_dtype=model_dtype(model_path),
             owns_observer=self._given_observer is None and observer is not None,
+            http=http,
         )
 
     async def aclose(self) -> None:
@@ -185,6 +198,9 @@ class CUAAgentWorkflow(RolloutWorkflow):
             await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
+        # concatenated) when a weight update aborts them; idempotent, other engines untouched
+        prepare_remote_engine(engine)
         resources = await self._resources()
         task = task_from_row(data)
         runs = await self.run_group(engine, task, resources, data)
@@ -300,7 +316,8 @@ def _engine_version(engine: Any) -> int:
 
 def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
     """Per-episode figures under ``cua/``: reward, success, turns, parse errors by kind, seconds
-    per phase, token mismatches, end reasons."""
+    per phase, token mismatches, turns whose prompt a remote server reported and was checked
+    (``prompt_checks``), end reasons."""
     for run in runs:
         record = run.record
         figures = record.figures()
@@ -309,6 +326,7 @@ def record_group_stats(tracker: Any, runs: Sequence[EpisodeRun]) -> None:
             "success": float(figures.success),
             "turns": float(figures.turns),
             "token_mismatches": float(figures.token_mismatches),
+            "prompt_checks": float(figures.prompt_checks),
             "attempts": float(record.context.attempt + 1),
             f"end/{record.end_reason or 'unknown'}": 1.0,
         }

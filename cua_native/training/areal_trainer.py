@@ -8,6 +8,8 @@ calls once per step and changes nothing else of the loop:
   eval rollout to the train rollout's servers. Nothing is launched and ``SGLangConfig.build_args``
   (which demands the ``sglang`` package even when nothing is launched) is never called;
 - **actor**: ``CUAFSDPPPOActor`` (one sequence per micro-batch unless attention is varlen);
+- **workers**: whatever the scheduler started is stopped when ``__init__`` fails half-way (a
+  setting AReaL rejects after the actor is up) and after ``close`` (even if part of it failed);
 - **monitor** (a ``TrainingMonitor``): the training row around ``train``, the baseline before
   step 0, a step row per step from AReaL's stats (``stats_logger.commit``), eval rows when
   AReaL's evaluator runs the eval rollout.
@@ -110,8 +112,31 @@ class CUAPPOTrainer(PPOTrainer):
         self._model_name = model_name or str(config.actor.path)
         self._baseline = baseline
         self._eval_due: int | None = None
-        super().__init__(config, train_dataset=train_dataset, valid_dataset=valid_dataset)
+        try:
+            super().__init__(config, train_dataset=train_dataset, valid_dataset=valid_dataset)
+        except BaseException:
+            # AReaL has no ``close`` for a half-built trainer: the workers its scheduler
+            # started (actor, rollout) would outlive this process
+            self._release_workers()
+            raise
         self.stats_logger = _CommitTap(self.stats_logger, self._on_step_stats)
+
+    def close(self) -> None:
+        """AReaL's ``close``, then whatever workers its scheduler still runs, even when a part
+        of ``close`` failed."""
+        try:
+            super().close()
+        finally:
+            self._release_workers()
+
+    def _release_workers(self) -> None:
+        scheduler = getattr(self, "scheduler", None)  # None until AReaL made one
+        if scheduler is None:
+            return
+        try:
+            scheduler.delete_workers()  # every role; roles already deleted are gone from it
+        except Exception:
+            logger.exception("could not stop the scheduler's workers")
 
     # --- engines ---------------------------------------------------------------------------
 

@@ -165,6 +165,7 @@ def run_cluster(loaded: LoadedConfig, *, attach: list[str] | None = None) -> Non
     (``host:port``; default ``AREAL_LLM_SERVER_ADDRS``) instead of launching them."""
     import datasets
 
+    from cua_native.monitor.client.lifecycle import handle_sigterm
     from cua_native.training.areal_trainer import CUAPPOTrainer
 
     plan = plan_cluster_run(loaded)
@@ -174,7 +175,8 @@ def run_cluster(loaded: LoadedConfig, *, attach: list[str] | None = None) -> Non
     valid = datasets.Dataset.from_list(plan.eval_rows) if plan.eval_rows else None
     monitor = make_monitor(loaded, plan)
     try:
-        with CUAPPOTrainer(
+        # SIGTERM (a scheduler's kill, ``timeout``) raises, so the trainer's cleanup runs
+        with handle_sigterm(), CUAPPOTrainer(
             loaded.areal,
             train_dataset=train,
             valid_dataset=valid,

@@ -171,6 +171,7 @@ def rehearse(
     model: str | None, device: str, dtype: str | None = None,
 ) -> int:
     """Rehearse ``config_path``; returns the exit code (0 after ``steps`` steps)."""
+    from cua_native.monitor.client.lifecycle import handle_sigterm
     from cua_native.rollout.factories import load_processor, tiny_model_dir
     from cua_native.training.checks import pixel_budget
     from cua_native.training.cluster import run_cluster
@@ -229,6 +230,7 @@ def rehearse(
     ]
     logs = run_dir / "logs"
     with (
+        handle_sigterm(),  # SIGTERM raises: the stand-ins below are stopped on the way out
         _process(gym_cmd, "Uvicorn running", "gym server", logs / "gym.log"),
         _process(serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log",
                  server_env),

@@ -62,6 +62,7 @@ def test_figures_count_the_turns_once() -> None:
         turns=2,
         parse_errors={"format": 0, "tool_name": 0, "tool_arg": 1},
         token_mismatches=1,
+        prompt_checks=0,
     )
 
 

@@ -12,6 +12,8 @@ Each run takes a few minutes on a 2-core machine (worker start-up dominates).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sqlite3
 import subprocess
 import sys
@@ -65,6 +67,12 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     # AReaL keeps generating ahead (max_head_offpolicyness): episodes made with the last
     # weights belong to a step that never trains, which stays pending
     assert all(s[0] == 2 and s[1] == "pending" for s in steps if s not in done), steps
+    # every turn's prompt was checked against what the server reported (AReaL's remote client
+    # carries cua_native.engine.remote's backend, installed by the workflow; on vLLM the one
+    # that restarts aborted chat turns)
+    metrics = [json.loads(m or "{}") for (m,) in _rows(db, "select metrics_json from step")]
+    assert any(m.get("rollout/cua/prompt_checks", 0) > 0 for m in metrics), metrics
+    assert not any(m.get("rollout/cua/token_mismatches", 0) for m in metrics), metrics
     assert _rows(db, "select status from baseline") == [("completed",)]
     assert {r[0] for r in _rows(db, "select step from eval where status = 'completed'")} == {0, 1}
     # rollouts linked to the step whose weights generated them
@@ -78,3 +86,62 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     assert list((run_dir / "areal").rglob("model.safetensors")) or list(
         (run_dir / "areal").rglob("*.safetensors")
     )
+
+
+LEAK_MARK = "CUA_TEST_LEAK_MARK"
+
+
+def _marked(mark: str) -> list[str]:
+    """Processes (pid and command) whose environment carries ``LEAK_MARK=mark``."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get(LEAK_MARK) == mark:
+                found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:200]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def test_an_early_failure_leaves_no_worker_processes(tmp_path: Path) -> None:
+    """``rollout.backend=sglang:d2`` with one stand-in server is refused while the trainer sets
+    up its rollout, after AReaL's scheduler has started and initialised the actor worker: the
+    run fails, and no process it started (workers, gym, stand-in server) outlives it."""
+    import os
+    import time
+    import uuid
+
+    import psutil
+
+    mark = uuid.uuid4().hex
+    try:
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "cua_native.train",
+                "--config", str(CONFIGS / "qwen3_vl_android.yaml"), "--rehearse", "--steps", "1",
+                "--run-dir", str(tmp_path / "run"), "rollout.backend=sglang:d2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            env={**os.environ, LEAK_MARK: mark},
+        )
+    except subprocess.TimeoutExpired:
+        # without the cleanup AReaL's scheduler tears its workers down from ``__del__`` at
+        # interpreter exit, which hangs: stop what this test started, then fail
+        for line in _marked(mark):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(int(line.split(":", 1)[0])).kill()
+        pytest.fail("the failed run did not exit (workers left running)")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert "Worker actor/0 started" in output, output[-4000:]  # failed with workers up
+    assert "names 1 servers but rollout.backend" in output, output[-4000:]
+    left = _marked(mark)
+    deadline = time.monotonic() + 120  # bounded: teardown is synchronous, this only absorbs load
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _marked(mark)
+    assert left == [], left

@@ -1,0 +1,104 @@
+"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (findings 5 and 11).
+
+``prepare_remote_engine(engine)`` swaps the backend of an AReaL ``RemoteInfEngine`` (what a
+workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine`` and
+``RemotevLLMEngine`` wrap one as ``_engine``) for a subclass of AReaL's own backend that
+
+- reports each call's prompt to the turn's ``PromptReport`` (``cua_native.engine.prompt_report``):
+  SGLang's ``meta_info.prompt_tokens``; vLLM's ``usage.prompt_tokens`` and ``prompt_token_ids``,
+  which it asks for with ``return_token_ids`` (vLLM >= 0.10.2; older servers ignore the field
+  and report the count only);
+- on vLLM, restarts a chat (vision) turn that a pause aborted instead of concatenating the
+  partial and a fresh answer (``RestartingVLLMBackend``, finding 5).
+
+Requests, responses and everything else stay AReaL's. Idempotent and cheap (two attribute
+reads once the backend is in place); any other engine is left untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal.api.io_struct import HttpGenerationResult, HttpRequest, ModelRequest
+from areal.engine.sglang_remote import SGLangBackend
+from areal.engine.vllm_remote import VLLMBackend
+
+from cua_native.engine.prompt_report import current_report
+from cua_native.engine.vllm_restart import RestartingVLLMBackend
+
+
+def _note_sent(req: ModelRequest) -> None:
+    report = current_report()
+    if report is not None:
+        report.sent(req.input_ids)
+
+
+def _note_received(
+    result: HttpGenerationResult, count: Any, ids: Any
+) -> None:
+    report = current_report()
+    if report is None:
+        return
+    report.received(
+        int(count) if isinstance(count, int) else None,
+        [int(t) for t in ids] if isinstance(ids, list) else None,
+        empty_abort=result.stop_reason == "abort" and not result.output_tokens,
+    )
+
+
+class CheckedSGLangBackend(SGLangBackend):
+    """AReaL's SGLang backend that reports the server's prompt token count."""
+
+    def build_generation_request(
+        self, req: ModelRequest, with_lora: bool, version: int
+    ) -> HttpRequest:
+        _note_sent(req)
+        return super().build_generation_request(req, with_lora, version)
+
+    def parse_generation_response(self, response: dict[str, Any]) -> HttpGenerationResult:
+        result = super().parse_generation_response(response)
+        meta = response.get("meta_info") or {}
+        _note_received(result, meta.get("prompt_tokens"), None)
+        return result
+
+
+class CheckedVLLMBackend(RestartingVLLMBackend):
+    """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
+    (count and ids)."""
+
+    def build_generation_request(
+        self, req: ModelRequest, with_lora: bool, version: int
+    ) -> HttpRequest:
+        _note_sent(req)
+        http = super().build_generation_request(req, with_lora, version)
+        http.payload["return_token_ids"] = True
+        return http
+
+    def parse_generation_response(self, response: dict[str, Any]) -> HttpGenerationResult:
+        result = super().parse_generation_response(response)
+        choice = (response.get("choices") or [{}])[0]
+        # chat answers carry the prompt ids at the top, completions inside the choice
+        ids = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
+        _note_received(result, (response.get("usage") or {}).get("prompt_tokens"), ids)
+        return result
+
+
+CHECKED_BACKENDS: dict[type, type] = {
+    SGLangBackend: CheckedSGLangBackend,
+    VLLMBackend: CheckedVLLMBackend,
+    RestartingVLLMBackend: CheckedVLLMBackend,
+}
+
+
+def prepare_remote_engine(engine: Any) -> bool:
+    """Install the checked backend on an AReaL remote engine; True if ``engine`` is one (now
+    or already prepared), False for any other engine (left untouched)."""
+    inner = getattr(engine, "_engine", engine)  # Remote{SGLang,vLLM}Engine wrap a RemoteInfEngine
+    backend = getattr(inner, "backend", None)
+    if isinstance(backend, CheckedSGLangBackend | CheckedVLLMBackend):
+        return True
+    checked = CHECKED_BACKENDS.get(type(backend))
+    if checked is None:
+        return False
+    inner.backend = checked()
+    return True
