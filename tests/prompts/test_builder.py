@@ -184,7 +184,7 @@ async def test_url_screenshots_are_allow_listed(processor, make_png) -> None:
                 await builder.prepare_image(Screenshot(url=url))
     assert seen == ["http://127.0.0.1/shot.png"]
     no_list = PromptBuilder(default_prompt_config("qwen3_vl"), processor)
-    with pytest.raises(MediaNotAllowed, match="host '127.0.0.1' is not in the allowed"):
+    with pytest.raises(MediaNotAllowed, match=r"host '127\.0\.0\.1' is not in the allowed"):
         await no_list.prepare_image(Screenshot(url="http://127.0.0.1/shot.png"))
     no_client = PromptBuilder(
         default_prompt_config("qwen3_vl"), processor, allowed_media_domains=["127.0.0.1"]
