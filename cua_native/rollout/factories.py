@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cua_native.actions.dialects import get_dialect
 from cua_native.gym.protocol import Gym
 from cua_native.rollout.agent import Agent
 from cua_native.rollout.config import AgentConfig, GymConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_CACHE_DIR = Path("runs/.cache")
 TINY_MODEL_DIRNAME = "tiny-qwen3-vl"
@@ -123,7 +127,7 @@ MEDIA_TIMEOUT_S = 10.0
 redirects included, also runs under the builder's own deadline)."""
 
 
-def media_client(config: GymConfig) -> Any:
+def media_client(config: GymConfig) -> httpx.AsyncClient | None:
     """The prompt builder's HTTP client for screenshot URLs (presigned object-store links), or
     ``None`` when ``allowed_media_domains`` is empty (every URL is refused then, before any
     fetch). Redirects are never followed by httpx: ``gym.media.fetch_image_url`` re-checks each
@@ -139,8 +143,8 @@ def make_agent(
     config: AgentConfig,
     processor: Any,
     *,
-    executor: Any = None,
-    http: Any = None,
+    executor: Executor | None = None,
+    http: httpx.AsyncClient | None = None,
 ) -> Agent:
     """The agent of ``config.family``: prompt builder, dialect and sampling settings. The dialect is the
     one the prompt teaches (same coordinate grid) unless ``config.dialect`` overrides it.

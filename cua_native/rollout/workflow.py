@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import torch
 from areal import workflow_context
 from areal.api.workflow_api import RolloutWorkflow
@@ -86,7 +87,7 @@ class _Resources:
     """The model's dtype: training rows carry pixels in it (half of float32 for bf16)."""
     owns_observer: bool = False
     clocks: dict[int, PauseClock] = field(default_factory=dict)
-    http: Any = None
+    http: httpx.AsyncClient | None = None
     """The prompt builder's client for screenshot URLs (``factories.media_client``), or None."""
 
     def clock_for(self, engine: Any) -> Callable[[], float]:
