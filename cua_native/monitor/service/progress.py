@@ -126,12 +126,13 @@ class Progress:
         return parents
 
     def _aggregate(
-        self, column: Any, parent_id: int, *extra: Any
+        self, source: str, parent_id: int, *extra: Any
     ) -> tuple[tuple[int, int, int, float | None, float | None, float | None, int], list[Any]]:
         """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
-        rewards) over one parent's rollouts, computed by the database: one indexed query
-        whatever the number of rollouts; ``extra`` scalar subqueries ride along in the same
-        statement (their values are the second item)."""
+        rewards) over one parent's rollouts (``source`` is ``step``, ``eval`` or ``baseline``),
+        computed by the database in one query on the ``(source_type, <source>_id)`` index;
+        ``extra`` scalar subqueries ride along in the same statement (their values are the
+        second item)."""
         done = Rollout.status.in_(TERMINAL_ROLLOUT)
         finished_reward = case((done, Rollout.reward))
         row = self.connection.execute(
@@ -144,7 +145,7 @@ class Progress:
                 func.avg(case((done, Rollout.num_turns))),
                 func.count(finished_reward),
                 *extra,
-            ).where(column == parent_id)
+            ).where(of_source(source, parent_id))
         ).one()
         total, finished, successes, mean, square, turns, rewards = row[:7]
         figures = (
@@ -165,7 +166,7 @@ class Progress:
         open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
         per_group = (
             select(key.label("g"), open_.label("open"))
-            .where(Rollout.step_id == step_id)
+            .where(of_source("step", step_id))
             .group_by(key)
             .subquery()
         )
@@ -176,7 +177,7 @@ class Progress:
         return total, complete
 
     def _step(self, step: dict[str, Any]) -> None:
-        figures, extra = self._aggregate(Rollout.step_id, step["id"], *self._groups(step["id"]))
+        figures, extra = self._aggregate("step", step["id"], *self._groups(step["id"]))
         total, finished, _, mean, square, _, rewards = figures
         groups, completed_groups = int(extra[0]), int(extra[1])
         given = json_dict(step["rollout_progress"])
@@ -209,8 +210,7 @@ class Progress:
         self._set(Step, step, values)
 
     def _eval_like(self, row: dict[str, Any], model: type[Eval] | type[Baseline]) -> None:
-        parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
-        figures, _ = self._aggregate(parent_column, row["id"])
+        figures, _ = self._aggregate("eval" if model is Eval else "baseline", row["id"])
         total, finished, successes, mean, _, turns, _ = figures
         if not total:
             return
@@ -292,6 +292,15 @@ def close_children(connection: Connection, training_id: int, status: str, now: d
         .where(Rollout.id.in_(open_rollouts))
         .values(status=status, error_message=message, end_time=now, updated_at=now)
     )
+
+
+def of_source(source: str, parent_id: int) -> Any:
+    """The rollouts of one step, eval or baseline, said so that the ``(source_type, <source>_id)``
+    index serves it (the schema's check constraint makes ``<source>_id IS NOT NULL`` imply
+    ``source_type = <source>``, so the first term selects nothing more or less; without it
+    PostgreSQL scans the whole rollout table, a cost that grows with every rollout stored)."""
+    column = {"step": Rollout.step_id, "eval": Rollout.eval_id, "baseline": Rollout.baseline_id}
+    return (Rollout.source_type == source) & (column[source] == parent_id)
 
 
 def count_of(value: Any) -> int:
