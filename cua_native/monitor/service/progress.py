@@ -3,8 +3,8 @@
 Set-based: one query (and at most one executemany UPDATE) for all the rollouts a batch touched,
 and one aggregate statement per step/eval/baseline/training, served by the rollout table's
 ``(source_type, <source>_id)`` indexes: one pass over that parent's rollouts, never a scan of
-the table (a few ms at thousands of rollouts per step against tens for the batch). Closing a failed or cancelled training's children is
-a handful of ``UPDATE … WHERE`` statements.
+the table (a few ms at thousands of rollouts per step against tens for the batch). Closing a
+failed or cancelled training's children is a handful of ``UPDATE … WHERE`` statements.
 """
 
 from __future__ import annotations
