@@ -7,20 +7,26 @@
 - this process's CPU per episode (parsing, the store's Python, the driver; the database
   server's own work is not in it): on a loaded machine the wall figures swing with the load,
   this column much less;
-- the PostgreSQL backend's CPU per episode (read from ``/proc``: a local server only).
+- the PostgreSQL backend's CPU per episode (read from ``/proc``: a local server only);
+- with ``--statements``: the statements whose time grows most from the first tenth of the
+  recorder-sized batches to the last (round trip as the client sees it), to name what grows.
 
 uv run python bench/monitor_ingest.py [--db URL] [--episodes 1200] [--turns 10] [--per-batch 20]
+    [--statements]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import event
 
 from cua_native.monitor.service.store import MonitorStore
 
@@ -98,6 +104,39 @@ class ServerCpu:
         self.valid = self.valid and pid == self.pid
 
 
+class StatementClock:
+    """Seconds per statement (its first words) of the batch being ingested, from SQLAlchemy's
+    cursor events on the store's engine; ``batches`` holds one dict per finished batch."""
+
+    def __init__(self, store: MonitorStore) -> None:
+        self.current: collections.Counter[str] = collections.Counter()
+        self.batches: list[dict[str, float]] = []
+        self.began = 0.0
+        event.listen(store.engine, "before_cursor_execute", self._before)
+        event.listen(store.engine, "after_cursor_execute", self._after)
+
+    def _before(self, *_: Any) -> None:
+        self.began = time.perf_counter()
+
+    def _after(self, _connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        self.current[" ".join(statement.split())[:70]] += time.perf_counter() - self.began
+
+    def end_batch(self) -> None:
+        self.batches.append(dict(self.current))
+        self.current.clear()
+
+    def growth(self, top: int = 3) -> list[tuple[str, float, float]]:
+        """(statement, mean ms in the first tenth, in the last tenth), the largest growth first."""
+        tenth = max(1, len(self.batches) // 10)
+
+        def mean(batches: list[dict[str, float]], key: str) -> float:
+            return 1000 * sum(b.get(key, 0.0) for b in batches) / len(batches)
+
+        keys = {k for b in self.batches for k in b}
+        rows = [(k, mean(self.batches[:tenth], k), mean(self.batches[-tenth:], k)) for k in keys]
+        return sorted(rows, key=lambda r: r[1] - r[2])[:top]
+
+
 def run(
     store: MonitorStore,
     tag: str,
@@ -106,6 +145,7 @@ def run(
     per_batch: int,
     cpu: list[float],
     server: ServerCpu,
+    clock: StatementClock | None = None,
 ) -> tuple[list[float], float]:
     """Seconds per batch while one step fills with ``episodes`` rollouts (this process's CPU
     seconds per batch are appended to ``cpu``), and the server backend's CPU seconds in all."""
@@ -126,6 +166,8 @@ def run(
         store.ingest(batch)
         seconds.append(time.perf_counter() - began)
         cpu.append(time.process_time() - cpu_began)
+        if clock is not None:
+            clock.end_batch()
     server_end = server.seconds() if server.valid else None
     used = server_end - server_began if server_end is not None and server_began is not None else 0
     return seconds, used
@@ -137,6 +179,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=1200)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--per-batch", type=int, default=20)
+    parser.add_argument("--statements", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as run_dir:
         store = MonitorStore.open(args.db, run_dir=run_dir)
@@ -156,6 +199,7 @@ def main() -> None:
             single, single_server = run(
                 store, f"one-{time.time_ns()}", single_n, args.turns, 1, single_cpu, server
             )
+            clock = StatementClock(store) if args.statements else None
             batched, batched_server = run(
                 store,
                 f"many-{time.time_ns()}",
@@ -164,6 +208,7 @@ def main() -> None:
                 args.per_batch,
                 batched_cpu,
                 server,
+                clock,
             )
             if server.valid:
                 server.check(store)
@@ -190,6 +235,9 @@ def main() -> None:
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
     )
+
+    for statement, first_ms, last_ms in clock.growth() if clock is not None else ():
+        print(f"  {first_ms:6.2f} -> {last_ms:6.2f} ms/batch  {statement}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Derived fields of the monitor store, recomputed after each batch from the rows themselves.
 
 Set-based: one query (and at most one executemany UPDATE) for all the rollouts a batch touched,
-and one aggregate per step/eval/baseline/training, whatever the number of rollouts under it (the
-per-batch cost stays flat as a step fills). Closing a failed or cancelled training's children is
-a handful of ``UPDATE … WHERE`` statements.
+and one aggregate statement per step/eval/baseline/training, served by the rollout table's
+``(source_type, <source>_id)`` indexes: one pass over that parent's rollouts, never a scan of
+the table (a few ms at thousands of rollouts per step against tens for the batch). Closing a
+failed or cancelled training's children is a handful of ``UPDATE … WHERE`` statements.
 """
 
 from __future__ import annotations
@@ -126,12 +127,11 @@ class Progress:
         return parents
 
     def _aggregate(
-        self, column: Any, parent_id: int, *extra: Any
-    ) -> tuple[tuple[int, int, int, float | None, float | None, float | None, int], list[Any]]:
+        self, source: str, parent_id: int
+    ) -> tuple[int, int, int, float | None, float | None, float | None, int]:
         """(rollouts, finished, successes, mean reward, mean squared reward, mean turns,
-        rewards) over one parent's rollouts, computed by the database: one indexed query
-        whatever the number of rollouts; ``extra`` scalar subqueries ride along in the same
-        statement (their values are the second item)."""
+        rewards) over one parent's rollouts (``source`` is ``step``, ``eval`` or ``baseline``),
+        computed by the database in one query on the ``(source_type, <source>_id)`` index."""
         done = Rollout.status.in_(TERMINAL_ROLLOUT)
         finished_reward = case((done, Rollout.reward))
         row = self.connection.execute(
@@ -143,11 +143,10 @@ class Progress:
                 func.avg(finished_reward * finished_reward),
                 func.avg(case((done, Rollout.num_turns))),
                 func.count(finished_reward),
-                *extra,
-            ).where(column == parent_id)
+            ).where(of_source(source, parent_id))
         ).one()
-        total, finished, successes, mean, square, turns, rewards = row[:7]
-        figures = (
+        total, finished, successes, mean, square, turns, rewards = row
+        return (
             int(total),
             int(finished),
             int(successes),
@@ -156,29 +155,58 @@ class Progress:
             None if turns is None else float(turns),
             int(rewards),
         )
-        return figures, list(row[7:])
 
-    @staticmethod
-    def _groups(step_id: int) -> tuple[Any, Any]:
-        """Scalar subqueries: the step's groups, and those whose rollouts all finished."""
+    def _step_figures(
+        self, step_id: int
+    ) -> tuple[int, int, float | None, float | None, int, int, int]:
+        """(rollouts, finished, mean reward, mean squared reward, rewards, groups, complete
+        groups) of one step in one pass over its rollouts: per group, then summed."""
+        done = Rollout.status.in_(TERMINAL_ROLLOUT)
+        reward = case((done, Rollout.reward))
         key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
-        open_ = func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1)))
         per_group = (
-            select(key.label("g"), open_.label("open"))
-            .where(Rollout.step_id == step_id)
+            select(
+                func.count(Rollout.id).label("n"),
+                func.count(case((done, 1))).label("finished"),
+                func.sum(reward).label("rewards"),
+                func.sum(reward * reward).label("squares"),
+                func.count(reward).label("rewarded"),
+                func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1))).label("open"),
+            )
+            .where(of_source("step", step_id))
             .group_by(key)
             .subquery()
         )
-        total = select(func.count()).select_from(per_group).scalar_subquery()
-        complete = (
-            select(func.count()).select_from(per_group).where(per_group.c.open == 0)
-        ).scalar_subquery()
-        return total, complete
+        c = per_group.c
+        row = self.connection.execute(
+            select(
+                func.sum(c.n),
+                func.sum(c.finished),
+                func.sum(c.rewards),
+                func.sum(c.squares),
+                func.sum(c.rewarded),
+                func.count(),
+                func.count(case((c.open == 0, 1))),
+            )
+        ).one()
+        total, finished, rewards, squares, rewarded, groups, complete = row
+        count = int(rewarded or 0)
+        mean = float(rewards) / count if count and rewards is not None else None
+        square = float(squares) / count if count and squares is not None else None
+        return (
+            int(total or 0),
+            int(finished or 0),
+            mean,
+            square,
+            count,
+            int(groups),
+            int(complete),
+        )
 
     def _step(self, step: dict[str, Any]) -> None:
-        figures, extra = self._aggregate(Rollout.step_id, step["id"], *self._groups(step["id"]))
-        total, finished, _, mean, square, _, rewards = figures
-        groups, completed_groups = int(extra[0]), int(extra[1])
+        total, finished, mean, square, rewards, groups, completed_groups = self._step_figures(
+            step["id"]
+        )
         given = json_dict(step["rollout_progress"])
         total_envs = max(count_of(given.get("total_envs")), total)
         values: dict[str, Any] = {
@@ -209,8 +237,7 @@ class Progress:
         self._set(Step, step, values)
 
     def _eval_like(self, row: dict[str, Any], model: type[Eval] | type[Baseline]) -> None:
-        parent_column = Rollout.eval_id if model is Eval else Rollout.baseline_id
-        figures, _ = self._aggregate(parent_column, row["id"])
+        figures = self._aggregate("eval" if model is Eval else "baseline", row["id"])
         total, finished, successes, mean, _, turns, _ = figures
         if not total:
             return
@@ -292,6 +319,15 @@ def close_children(connection: Connection, training_id: int, status: str, now: d
         .where(Rollout.id.in_(open_rollouts))
         .values(status=status, error_message=message, end_time=now, updated_at=now)
     )
+
+
+def of_source(source: str, parent_id: int) -> Any:
+    """The rollouts of one step, eval or baseline, said so that the ``(source_type, <source>_id)``
+    index serves it (the schema's check constraint makes ``<source>_id IS NOT NULL`` imply
+    ``source_type = <source>``, so the first term selects nothing more or less; without it
+    PostgreSQL scans the whole rollout table, a cost that grows with every rollout stored)."""
+    column = {"step": Rollout.step_id, "eval": Rollout.eval_id, "baseline": Rollout.baseline_id}
+    return (Rollout.source_type == source) & (column[source] == parent_id)
 
 
 def count_of(value: Any) -> int:

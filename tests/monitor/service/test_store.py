@@ -397,3 +397,70 @@ def test_statements_per_batch_do_not_grow_with_its_records(store: MonitorStore) 
         assert session.scalar(select(func.count(Turn.id))) == 39
         step = session.scalars(select(Step)).one()
         assert step.num_trajectories == 13
+
+
+def test_step_figures_survive_repeated_and_duplicate_updates(store: MonitorStore) -> None:
+    """A rollout re-sent with the same client_id, updated twice, or sent twice in one batch
+    counts once: after every batch the step's figures equal those computed here from the
+    latest value of each rollout."""
+    store.ingest(base_batch())
+    latest: dict[str, dict[str, Any]] = {"ro-1": {"status": "running", "group": 0}}
+    batches: list[list[dict[str, Any]]] = [
+        [
+            {
+                "client_id": f"r{i}",
+                "rollout_id": f"r{i}",
+                "step_client_id": "step-0",
+                "task_client_id": "task-a",
+                "model_path": "m",
+                "group": i % 3,
+                "status": "running",
+            }
+            for i in range(6)
+        ],
+        [
+            {"client_id": "r0", "status": "completed", "reward": 1.0},
+            {"client_id": "r1", "status": "completed", "reward": 0.0},
+        ],
+        # the same records re-sent (a retry after a lost acknowledgement)
+        [
+            {"client_id": "r0", "status": "completed", "reward": 1.0},
+            {"client_id": "r1", "status": "completed", "reward": 0.0},
+        ],
+        # updated again, and one sent twice in one batch with different values
+        [
+            {"client_id": "r1", "reward": 0.5},
+            {"client_id": "r2", "status": "failed", "reward": -1.0},
+            {"client_id": "r2", "status": "completed", "reward": 0.25},
+        ],
+        [
+            {"client_id": "ro-1", "status": "completed", "reward": 2.0},
+            {"client_id": "r3", "status": "completed", "reward": 1.0},
+            {"client_id": "r0", "reward": 0.0},
+        ],
+    ]
+    for batch in batches:
+        store.ingest({"rollouts": batch})
+        for record in batch:
+            latest.setdefault(record["client_id"], {}).update(
+                {k: v for k, v in record.items() if k in ("status", "reward", "group")}
+            )
+        done = [r for r in latest.values() if r["status"] == "completed" or r["status"] == "failed"]
+        rewards = [r["reward"] for r in done if r.get("reward") is not None]
+        groups = {r["group"] for r in latest.values()}
+        open_groups = {r["group"] for r in latest.values() if r not in done}
+        with store.session() as session:
+            step = session.scalars(select(Step)).one()
+            progress = json.loads(step.rollout_progress or "{}")
+        assert progress == {
+            "completed_groups": len(groups - open_groups),
+            "total_groups": max(2, len(groups)),
+            "completed_envs": len(done),
+            "total_envs": max(4, len(latest)),
+        }
+        if rewards:
+            mean = sum(rewards) / len(rewards)
+            std = (sum(r * r for r in rewards) / len(rewards) - mean * mean) ** 0.5
+            assert step.num_trajectories == len(done)
+            assert step.reward_mean == pytest.approx(mean)
+            assert step.reward_std == pytest.approx(std)
