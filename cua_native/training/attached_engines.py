@@ -8,9 +8,10 @@ the rollout workers hold no GPU; they would ask the servers for a ``gloo`` group
 (rank 0) creates an ``nccl`` one, and both sides wait for each other until the rendezvous times
 out: the first weight update never starts.
 
-The engines here ask for the trainer's backend instead, named in the worker's environment
-(``CUA_WEIGHT_UPDATE_BACKEND``, which ``CUAPPOTrainer`` puts in the rollout scheduling specs).
-Without it they behave exactly as AReaL's.
+The engines here start with the checked backends of ``cua_native.engine.remote`` (prompt
+checks; vLLM's restart of aborted chat turns), told the trainer's backend, which
+``CUAPPOTrainer`` puts in the rollout scheduling specs (``CUA_WEIGHT_UPDATE_BACKEND``). Without
+the variable the group request is AReaL's.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import os
 from typing import Any
 
 from areal.engine import RemoteSGLangEngine, RemotevLLMEngine
-from areal.engine.sglang_remote import SGLangBackend
-from areal.engine.vllm_remote import VLLMBackend
+
+from cua_native.engine.remote import CheckedSGLangBackend, CheckedVLLMBackend
 
 WEIGHT_BACKEND_ENV = "CUA_WEIGHT_UPDATE_BACKEND"
 """The ``torch.distributed`` backend the trainer uses for xccl weight updates."""
@@ -32,47 +33,17 @@ def trainer_weight_backend(actor_gpus: int) -> str:
     return "nccl" if actor_gpus > 0 else "gloo"
 
 
-def _with_backend(request: Any, backend: str | None) -> Any:
-    if backend:
-        request.payload["backend"] = backend
-    return request
-
-
-class TrainerBackendSGLang(SGLangBackend):
-    """SGLang's request builder, naming ``backend`` (else AReaL's choice) for the group."""
-
-    def __init__(self, backend: str | None) -> None:
-        super().__init__()
-        self.weight_backend = backend
-
-    def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> Any:
-        request = super().build_init_weights_group_request(addr, server_idx, meta)
-        return _with_backend(request, self.weight_backend)
-
-
-class TrainerBackendVLLM(VLLMBackend):
-    """vLLM's request builder, naming ``backend`` (else AReaL's choice) for the group."""
-
-    def __init__(self, backend: str | None) -> None:
-        super().__init__()
-        self.weight_backend = backend
-
-    def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> Any:
-        request = super().build_init_weights_group_request(addr, server_idx, meta)
-        return _with_backend(request, self.weight_backend)
-
-
 class AttachedSGLangEngine(RemoteSGLangEngine):
-    """``RemoteSGLangEngine`` whose weight-update group uses the trainer's backend."""
+    """``RemoteSGLangEngine`` with the checked backend, asking for the trainer's group backend."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self._engine.backend = TrainerBackendSGLang(os.environ.get(WEIGHT_BACKEND_ENV) or None)
+        self._engine.backend = CheckedSGLangBackend(os.environ.get(WEIGHT_BACKEND_ENV) or None)
 
 
 class AttachedVLLMEngine(RemotevLLMEngine):
-    """``RemotevLLMEngine`` whose weight-update group uses the trainer's backend."""
+    """``RemotevLLMEngine`` with the checked backend, asking for the trainer's group backend."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self._engine.backend = TrainerBackendVLLM(os.environ.get(WEIGHT_BACKEND_ENV) or None)
+        self._engine.backend = CheckedVLLMBackend(os.environ.get(WEIGHT_BACKEND_ENV) or None)

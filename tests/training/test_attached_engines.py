@@ -17,6 +17,7 @@ from areal.api.io_struct import WeightUpdateMeta
 from areal.infra.scheduler.ray import RayScheduler
 
 from cua_native.config import load_config
+from cua_native.engine.remote import prepare_remote_engine
 from cua_native.training.areal_trainer import name_weight_backend
 from cua_native.training.attached_engines import (
     WEIGHT_BACKEND_ENV,
@@ -57,6 +58,11 @@ def test_the_group_request_names_the_trainer_backend(
     assert request.payload["rank_offset"] == 2
     assert request.payload["world_size"] == 3
     assert request.payload["group_name"] == "update_weight_group"
+    # the workflow's prompt checks (and vLLM's restart of aborted chat turns) stay installed
+    assert prepare_remote_engine(engine)
+    assert engine._engine.backend.build_init_weights_group_request(
+        "h:1", 1, _meta(backend)
+    ).payload["backend"] == "nccl"
 
 
 def test_without_the_variable_the_request_is_areals(
