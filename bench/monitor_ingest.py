@@ -2,8 +2,11 @@
 
 - episodes/s with one episode per batch and with recorder-sized batches (``--per-batch``
   episodes, what ``SinkChannel`` sends: up to 500 rows);
-- per-batch cost while one step fills: the first batches against the last ones
-  (flat means a ratio near 1);
+- per-batch cost while one step fills: the first tenth of the batches against the last tenth
+  (flat means a ratio near 1), in wall time (median) and in CPU time, this process's and the
+  PostgreSQL backend's together (mean), and on PostgreSQL ≥ 15 in buffer accesses (pages the
+  server touched, hit or read, on the database's tables: a count the machine's load does not
+  change, so the ratio to quote from a loaded machine);
 - this process's CPU per episode (parsing, the store's Python, the driver; the database
   server's own work is not in it): on a loaded machine the wall figures swing with the load,
   this column much less;
@@ -104,6 +107,38 @@ class ServerCpu:
         self.valid = self.valid and pid == self.pid
 
 
+BUFFER_ACCESSES = """
+SELECT COALESCE(SUM(COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0)
+    + COALESCE(idx_blks_hit, 0) + COALESCE(idx_blks_read, 0)
+    + COALESCE(toast_blks_hit, 0) + COALESCE(toast_blks_read, 0)
+    + COALESCE(tidx_blks_hit, 0) + COALESCE(tidx_blks_read, 0)), 0)
+FROM pg_statio_user_tables
+"""
+
+
+class BufferCount:
+    """Buffer accesses on the database's own tables (``pg_statio_user_tables``, all backends:
+    this bench is the database's only writer) at chosen batches. The store's backend is made
+    to flush its statistics first (``pg_stat_force_next_flush``, PostgreSQL 15+; otherwise it
+    flushes at most once a second)."""
+
+    def __init__(self, store: MonitorStore) -> None:
+        self.store = store
+        self.marks: dict[int, int] = {}
+        self.valid = store.engine.dialect.name == "postgresql" and (
+            store.engine.dialect.server_version_info or (0,)
+        ) >= (15,)
+
+    def mark(self, batch: int) -> None:
+        with self.store.engine.connect() as connection:
+            connection.exec_driver_sql("SELECT pg_stat_force_next_flush()")
+        with self.store.engine.connect() as connection:
+            self.marks[batch] = int(connection.exec_driver_sql(BUFFER_ACCESSES).scalar() or 0)
+
+    def per_batch(self, start: int, end: int) -> float:
+        return (self.marks[end] - self.marks[start]) / (end - start)
+
+
 class StatementClock:
     """Seconds per statement (its first words) of the batch being ingested, from SQLAlchemy's
     cursor events on the store's engine; ``batches`` holds one dict per finished batch."""
@@ -146,28 +181,42 @@ def run(
     cpu: list[float],
     server: ServerCpu,
     clock: StatementClock | None = None,
+    server_cpu: list[float] | None = None,
+    buffers: BufferCount | None = None,
 ) -> tuple[list[float], float]:
     """Seconds per batch while one step fills with ``episodes`` rollouts (this process's CPU
-    seconds per batch are appended to ``cpu``), and the server backend's CPU seconds in all."""
+    seconds per batch are appended to ``cpu``, the server backend's to ``server_cpu``), and the
+    server backend's CPU seconds in all. ``buffers`` is marked before the first batch, the first
+    after the first tenth, the first of the last tenth, and after the last."""
     step = f"{tag}-step"
     store.ingest(
         {"steps": [{"client_id": step, "training_client_id": "t", "step": hash(tag) % 10**6}]}
     )
     seconds = []
     server_began = server.seconds() if server.valid else None
-    for start in range(0, episodes, per_batch):
+    starts = range(0, episodes, per_batch)
+    tenth = max(1, len(starts) // 10)
+    marks = {0, tenth, len(starts) - tenth}
+    for index, start in enumerate(starts):
+        if buffers is not None and index in marks:
+            buffers.mark(index)
         batch = merged(
             [
                 episode_records(tag, i, turns, step)
                 for i in range(start, min(episodes, start + per_batch))
             ]
         )
+        server_batch = server.seconds() if server.valid and server_cpu is not None else None
         began, cpu_began = time.perf_counter(), time.process_time()
         store.ingest(batch)
         seconds.append(time.perf_counter() - began)
         cpu.append(time.process_time() - cpu_began)
+        if server_batch is not None and server_cpu is not None:
+            server_cpu.append((server.seconds() or server_batch) - server_batch)
         if clock is not None:
             clock.end_batch()
+    if buffers is not None:
+        buffers.mark(len(starts))
     server_end = server.seconds() if server.valid else None
     used = server_end - server_began if server_end is not None and server_began is not None else 0
     return seconds, used
@@ -200,6 +249,8 @@ def main() -> None:
                 store, f"one-{time.time_ns()}", single_n, args.turns, 1, single_cpu, server
             )
             clock = StatementClock(store) if args.statements else None
+            batched_server_cpu: list[float] = []
+            buffers = BufferCount(store)
             batched, batched_server = run(
                 store,
                 f"many-{time.time_ns()}",
@@ -209,6 +260,8 @@ def main() -> None:
                 batched_cpu,
                 server,
                 clock,
+                batched_server_cpu,
+                buffers if buffers.valid else None,
             )
             if server.valid:
                 server.check(store)
@@ -235,6 +288,27 @@ def main() -> None:
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
     )
+    both = [
+        c + s
+        for c, s in zip(
+            batched_cpu,
+            batched_server_cpu if server.valid else [0.0] * len(batched_cpu),
+            strict=True,
+        )
+    ]
+    cpu_first, cpu_last = statistics.mean(both[:tenth]), statistics.mean(both[-tenth:])
+    print(
+        f"  CPU per batch ({'client + server' if server.valid else 'client'}, mean): first tenth "
+        f"{1000 * cpu_first:.1f} ms, last tenth {1000 * cpu_last:.1f} ms, "
+        f"ratio {cpu_last / cpu_first:.2f}"
+    )
+    if buffers.valid:
+        n = len(batched)
+        buffers_first, buffers_last = buffers.per_batch(0, tenth), buffers.per_batch(n - tenth, n)
+        print(
+            f"  buffer accesses per batch: first tenth {buffers_first:.0f}, last tenth "
+            f"{buffers_last:.0f}, ratio {buffers_last / buffers_first:.2f}"
+        )
 
     for statement, first_ms, last_ms in clock.growth() if clock is not None else ():
         print(f"  {first_ms:6.2f} -> {last_ms:6.2f} ms/batch  {statement}")

@@ -64,7 +64,7 @@ def test_0002_upgrades_a_populated_database(db_url: str, tmp_path: Path) -> None
     try:
         assert current_revision(engine) == "0001"
         upgrade_to_head(engine)
-        assert current_revision(engine) == "0002"
+        assert current_revision(engine) == "0003"
         with engine.connect() as c:
             old = c.execute(
                 text("SELECT reward, env_id FROM rollout WHERE rollout_id='r-old'")
