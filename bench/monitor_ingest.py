@@ -2,11 +2,12 @@
 
 - episodes/s with one episode per batch and with recorder-sized batches (``--per-batch``
   episodes, what ``SinkChannel`` sends: up to 500 rows);
-- per-batch cost while one step fills: the first tenth of the batches against the last tenth
-  (flat means a ratio near 1), in wall time (median) and in CPU time, this process's and the
-  PostgreSQL backend's together (mean), and on PostgreSQL ≥ 15 in buffer accesses (pages the
-  server touched, hit or read, on the database's tables: a count the machine's load does not
-  change, so the ratio to quote from a loaded machine);
+- per-batch cost while one step fills (after a few warm-up batches into another step): the
+  first tenth of the batches against the last tenth (flat means a ratio near 1), in wall time
+  (medians, and the ends of a Theil-Sen line through all batches) and in CPU time, this process's and the
+  PostgreSQL backend's together (mean), and on PostgreSQL ≥ 15 in rows the server read and
+  buffer accesses (pages hit or read) on the database's tables: counts the machine's load does
+  not change;
 - this process's CPU per episode (parsing, the store's Python, the driver; the database
   server's own work is not in it): on a loaded machine the wall figures swing with the load,
   this column much less;
@@ -107,24 +108,28 @@ class ServerCpu:
         self.valid = self.valid and pid == self.pid
 
 
-BUFFER_ACCESSES = """
-SELECT COALESCE(SUM(COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0)
-    + COALESCE(idx_blks_hit, 0) + COALESCE(idx_blks_read, 0)
-    + COALESCE(toast_blks_hit, 0) + COALESCE(toast_blks_read, 0)
-    + COALESCE(tidx_blks_hit, 0) + COALESCE(tidx_blks_read, 0)), 0)
-FROM pg_statio_user_tables
+SERVER_READS = """
+SELECT
+    (SELECT COALESCE(SUM(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0)
+     FROM pg_stat_user_tables),
+    (SELECT COALESCE(SUM(COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0)
+        + COALESCE(idx_blks_hit, 0) + COALESCE(idx_blks_read, 0)
+        + COALESCE(toast_blks_hit, 0) + COALESCE(toast_blks_read, 0)
+        + COALESCE(tidx_blks_hit, 0) + COALESCE(tidx_blks_read, 0)), 0)
+     FROM pg_statio_user_tables)
 """
 
 
-class BufferCount:
-    """Buffer accesses on the database's own tables (``pg_statio_user_tables``, all backends:
-    this bench is the database's only writer) at chosen batches. The store's backend is made
-    to flush its statistics first (``pg_stat_force_next_flush``, PostgreSQL 15+; otherwise it
-    flushes at most once a second)."""
+class ServerReads:
+    """Rows read (by scans and index fetches) and buffer accesses on the database's own tables
+    (``pg_stat_user_tables``/``pg_statio_user_tables``, all backends: this bench is the
+    database's only user) at chosen batches. The store's backend is made to flush its
+    statistics first (``pg_stat_force_next_flush``, PostgreSQL 15+; otherwise it flushes at
+    most once a second)."""
 
     def __init__(self, store: MonitorStore) -> None:
         self.store = store
-        self.marks: dict[int, int] = {}
+        self.marks: dict[int, tuple[int, int]] = {}
         self.valid = store.engine.dialect.name == "postgresql" and (
             store.engine.dialect.server_version_info or (0,)
         ) >= (15,)
@@ -133,10 +138,13 @@ class BufferCount:
         with self.store.engine.connect() as connection:
             connection.exec_driver_sql("SELECT pg_stat_force_next_flush()")
         with self.store.engine.connect() as connection:
-            self.marks[batch] = int(connection.exec_driver_sql(BUFFER_ACCESSES).scalar() or 0)
+            rows, buffers = connection.exec_driver_sql(SERVER_READS).one()
+        self.marks[batch] = (int(rows), int(buffers))
 
-    def per_batch(self, start: int, end: int) -> float:
-        return (self.marks[end] - self.marks[start]) / (end - start)
+    def per_batch(self, start: int, end: int) -> tuple[float, float]:
+        """(rows read, buffer accesses) per batch from batch ``start`` to ``end``."""
+        (rows0, buffers0), (rows1, buffers1) = self.marks[start], self.marks[end]
+        return (rows1 - rows0) / (end - start), (buffers1 - buffers0) / (end - start)
 
 
 class StatementClock:
@@ -182,7 +190,7 @@ def run(
     server: ServerCpu,
     clock: StatementClock | None = None,
     server_cpu: list[float] | None = None,
-    buffers: BufferCount | None = None,
+    buffers: ServerReads | None = None,
 ) -> tuple[list[float], float]:
     """Seconds per batch while one step fills with ``episodes`` rollouts (this process's CPU
     seconds per batch are appended to ``cpu``, the server backend's to ``server_cpu``), and the
@@ -222,6 +230,15 @@ def run(
     return seconds, used
 
 
+def theil_sen(values: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the median-of-pairwise-slopes line through ``values`` against
+    their index: all batches count, a few slowed by the machine's load do not move it."""
+    n = len(values)
+    slopes = [(values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]
+    slope = statistics.median(slopes) if slopes else 0.0
+    return statistics.median(v - slope * i for i, v in enumerate(values)), slope
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--db")
@@ -248,9 +265,20 @@ def main() -> None:
             single, single_server = run(
                 store, f"one-{time.time_ns()}", single_n, args.turns, 1, single_cpu, server
             )
+            # warm-up: the batched statements' shapes compiled and cached (SQLAlchemy, the
+            # driver) in a step of their own, so the first tenth below does not pay for it
+            run(
+                store,
+                f"warm-{time.time_ns()}",
+                3 * args.per_batch,
+                args.turns,
+                args.per_batch,
+                [],
+                server,
+            )
             clock = StatementClock(store) if args.statements else None
             batched_server_cpu: list[float] = []
-            buffers = BufferCount(store)
+            buffers = ServerReads(store)
             batched, batched_server = run(
                 store,
                 f"many-{time.time_ns()}",
@@ -288,6 +316,12 @@ def main() -> None:
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
     )
+    start, slope = theil_sen(batched)
+    end = start + slope * (len(batched) - 1)
+    print(
+        f"  fitted line (Theil-Sen, all batches): {1000 * start:.1f} -> {1000 * end:.1f} ms, "
+        f"ratio {end / start:.2f}"
+    )
     both = [
         c + s
         for c, s in zip(
@@ -304,11 +338,14 @@ def main() -> None:
     )
     if buffers.valid:
         n = len(batched)
-        buffers_first, buffers_last = buffers.per_batch(0, tenth), buffers.per_batch(n - tenth, n)
-        print(
-            f"  buffer accesses per batch: first tenth {buffers_first:.0f}, last tenth "
-            f"{buffers_last:.0f}, ratio {buffers_last / buffers_first:.2f}"
-        )
+        first_reads, last_reads = buffers.per_batch(0, tenth), buffers.per_batch(n - tenth, n)
+        for label, before, after in zip(
+            ("rows read", "buffer accesses"), first_reads, last_reads, strict=True
+        ):
+            print(
+                f"  {label} per batch: first tenth {before:.0f}, last tenth {after:.0f}, "
+                f"ratio {after / before:.2f}"
+            )
 
     for statement, first_ms, last_ms in clock.growth() if clock is not None else ():
         print(f"  {first_ms:6.2f} -> {last_ms:6.2f} ms/batch  {statement}")

@@ -106,6 +106,11 @@ class MonitorStore:
                         # the write lock first: a batch's reads and writes are one snapshot
                         # even when another process writes to the same file (``tally.py``)
                         connection.exec_driver_sql("BEGIN IMMEDIATE")
+                    else:
+                        # a batch reads and writes only rows it names, by key: never let the
+                        # planner scan a table for them (it prefers to while tables are small
+                        # and its statistics young, and the cost then grows with every row)
+                        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
                     return BatchWriter(connection, self.screenshots).apply(parsed)
             except IntegrityError as exc:
                 raise IngestError(f"batch violates a database rule: {exc.orig}") from exc
