@@ -4,10 +4,10 @@
   episodes, what ``SinkChannel`` sends: up to 500 rows);
 - per-batch cost while one step fills (after a few warm-up batches into another step): the
   first tenth of the batches against the last tenth (flat means a ratio near 1), in wall time
-  (medians, and the ends of a Theil-Sen line through all batches) and in CPU time, this process's and the
-  PostgreSQL backend's together (mean), and on PostgreSQL ≥ 15 in rows the server read and
-  buffer accesses (pages hit or read) on the database's tables: counts the machine's load does
-  not change;
+  (medians, lower quartiles, and the ends of a Theil-Sen line through all batches), in CPU
+  time (this process's and the PostgreSQL backend's together, mean), and on PostgreSQL ≥ 15 in
+  rows the server read and buffer accesses (pages hit or read) on the database's tables:
+  counts the machine's load does not change;
 - this process's CPU per episode (parsing, the store's Python, the driver; the database
   server's own work is not in it): on a loaded machine the wall figures swing with the load,
   this column much less;
@@ -230,6 +230,11 @@ def run(
     return seconds, used
 
 
+def lower_quartile(values: list[float]) -> float:
+    """The 25th percentile: the load only ever adds time, so the faster batches show the cost."""
+    return statistics.quantiles(values, n=4)[0] if len(values) > 1 else values[0]
+
+
 def theil_sen(values: list[float]) -> tuple[float, float]:
     """(intercept, slope) of the median-of-pairwise-slopes line through ``values`` against
     their index: all batches count, a few slowed by the machine's load do not move it."""
@@ -315,6 +320,11 @@ def main() -> None:
     print(
         f"per-batch cost as one step fills to {args.episodes} rollouts: first tenth "
         f"{1000 * first:.1f} ms, last tenth {1000 * last:.1f} ms, ratio {last / first:.2f}"
+    )
+    low_first, low_last = lower_quartile(batched[:tenth]), lower_quartile(batched[-tenth:])
+    print(
+        f"  fastest quarter of each tenth (lower quartile): {1000 * low_first:.1f} -> "
+        f"{1000 * low_last:.1f} ms, ratio {low_last / low_first:.2f}"
     )
     start, slope = theil_sen(batched)
     end = start + slope * (len(batched) - 1)

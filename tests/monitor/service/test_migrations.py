@@ -7,6 +7,7 @@ from pathlib import Path
 
 from alembic import command
 from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 from cua_native.monitor.service.migrations.runner import (
     alembic_config,
@@ -14,6 +15,14 @@ from cua_native.monitor.service.migrations.runner import (
     upgrade_to_head,
 )
 from cua_native.monitor.service.store import MonitorStore, make_engine
+
+
+def _past_inserted_ids(engine: Engine, tables: tuple[str, ...], last: int) -> None:
+    """PostgreSQL's id sequences moved past rows inserted with explicit ids up to ``last``."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as c:
+            for table in tables:
+                c.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), {last})"))
 
 
 def _at_0001(url: str) -> None:
@@ -50,10 +59,7 @@ def _at_0001(url: str) -> None:
                     "VALUES (1, 1, 'sim', 'terminated')"
                 )
             )
-        if engine.dialect.name == "postgresql":
-            with engine.begin() as c:
-                for table in ("training", "task", "step", "rollout", "environment"):
-                    c.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"))
+        _past_inserted_ids(engine, ("training", "task", "step", "rollout", "environment"), 1)
     finally:
         engine.dispose()
 
@@ -162,10 +168,7 @@ def test_0003_fills_the_step_tallies_of_a_populated_database(db_url: str, tmp_pa
                         "reward": reward,
                     },
                 )
-        if engine.dialect.name == "postgresql":
-            with engine.begin() as c:
-                for table in ("training", "task", "step", "rollout"):
-                    c.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 10)"))
+        _past_inserted_ids(engine, ("training", "task", "step", "rollout"), 10)
         upgrade_to_head(engine)
         with engine.connect() as c:
             tallies = c.execute(
