@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -229,3 +230,47 @@ def test_a_batch_costs_the_same_whatever_the_steps_size(tmp_path: Any) -> None:
         store.close()
     # batches 2 and 48 start at the same place in the groups of 8 (40 rollouts = 5 groups)
     assert cost[48] <= 1.02 * cost[2], f"{cost[2]} instructions at 40 rollouts, {cost[48]} at 960"
+
+
+def test_tallies_hold_with_two_writers_at_once(db_url: str, tmp_path: Any) -> None:
+    """Two stores (as two processes would) update the same rollouts at the same time: whatever
+    the interleaving, every change is counted once (row locks, ``tally.py``)."""
+    first = MonitorStore.open(db_url, run_dir=tmp_path / "a")
+    second = MonitorStore.open(db_url, run_dir=tmp_path / "b")
+    try:
+        _setup(first)
+        rollouts = [
+            {
+                "client_id": f"r{i}",
+                "rollout_id": f"r{i}",
+                "step_client_id": "step-0",
+                "task_client_id": "task",
+                "model_path": "m",
+                "group": i % 3,
+                "status": "running",
+            }
+            for i in range(8)
+        ]
+        first.ingest({"rollouts": rollouts})
+
+        def write(store: MonitorStore, seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(25):
+                batch = [
+                    {
+                        "client_id": f"r{rng.randrange(8)}",
+                        "status": rng.choice(STATUSES),
+                        "reward": rng.choice((None, 0.0, 1.0, 0.5)),
+                        **_group(rng),
+                    }
+                    for _ in range(rng.randrange(1, 5))
+                ]
+                store.ingest({"rollouts": batch})
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for future in [pool.submit(write, first, 1), pool.submit(write, second, 2)]:
+                future.result(timeout=600)
+        _check(first, "after two writers")
+    finally:
+        first.close()
+        second.close()
