@@ -49,22 +49,26 @@ def _note_received(
     )
 
 
-def _weight_group_request(request: HttpRequest, weight_backend: str | None) -> HttpRequest:
-    if weight_backend:
-        request.payload["backend"] = weight_backend
-    return request
-
-
-class CheckedSGLangBackend(SGLangBackend):
-    """AReaL's SGLang backend that reports the server's prompt token count."""
+class _NamedWeightGroup:
+    """Mixin for AReaL's backends: the xccl group request names ``weight_backend`` (when given)
+    instead of the sending process's own collective backend."""
 
     def __init__(self, weight_backend: str | None = None) -> None:
         super().__init__()
         self.weight_backend = weight_backend
 
     def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> HttpRequest:
-        request = super().build_init_weights_group_request(addr, server_idx, meta)
-        return _weight_group_request(request, self.weight_backend)
+        request: HttpRequest = super().build_init_weights_group_request(  # type: ignore[misc]
+            addr, server_idx, meta
+        )
+        if self.weight_backend:
+            request.payload["backend"] = self.weight_backend
+        return request
+
+
+class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
+    """AReaL's SGLang backend that reports the server's prompt token count."""
+
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
@@ -79,17 +83,10 @@ class CheckedSGLangBackend(SGLangBackend):
         return result
 
 
-class CheckedVLLMBackend(RestartingVLLMBackend):
+class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
     """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
     (count and ids)."""
 
-    def __init__(self, weight_backend: str | None = None) -> None:
-        super().__init__()
-        self.weight_backend = weight_backend
-
-    def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> HttpRequest:
-        request = super().build_init_weights_group_request(addr, server_idx, meta)
-        return _weight_group_request(request, self.weight_backend)
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
