@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from typing import Any
 
 from areal.api.cli_args import SchedulingStrategy, SchedulingStrategyType
 from areal.api.io_struct import LocalInfServerInfo
+from areal.infra import LocalScheduler
 from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
@@ -83,19 +85,38 @@ FORK_READY_TIMEOUT_S = 600.0
 60 s to import torch and AReaL and answer; a loaded laptop or CI machine needs longer."""
 
 
+class PatientLocalScheduler(LocalScheduler):
+    """AReaL's local scheduler, with two changes for shared machines:
+
+    - a forked worker gets ``FORK_READY_TIMEOUT_S`` to answer, not AReaL's 60 s;
+    - worker ports are not drawn from the run's seed. AReaL picks them with the global
+      ``random``, which ``PPOTrainer`` seeds with ``config.seed`` just before: two runs of one
+      seed started together on one machine chose the same ports, and the port a worker is
+      given stays unbound until it has imported torch and AReaL, so the second run's check
+      found it free. Ports come from fresh entropy here; the run's random stream is left as it
+      was.
+    """
+
+    @staticmethod
+    async def _wait_for_fork_ready(
+        session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
+    ) -> bool:
+        ready: bool = await LocalScheduler._wait_for_fork_ready(
+            session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)
+        )
+        return ready
+
+    def _allocate_ports(self, count: int) -> list[int]:
+        state = random.getstate()
+        random.seed()  # from os.urandom
+        try:
+            ports: list[int] = super()._allocate_ports(count)
+            return ports
+        finally:
+            random.setstate(state)
+
+
 def _patient_local_scheduler(config: Any) -> Any:
-    from areal.infra import LocalScheduler
-
-    class PatientLocalScheduler(LocalScheduler):
-        @staticmethod
-        async def _wait_for_fork_ready(
-            session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
-        ) -> bool:
-            ready: bool = await LocalScheduler._wait_for_fork_ready(
-                session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)
-            )
-            return ready
-
     return PatientLocalScheduler(exp_config=config, startup_timeout=FORK_READY_TIMEOUT_S)
 
 
