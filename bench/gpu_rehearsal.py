@@ -159,10 +159,14 @@ def main() -> int:
         result["steps"] = step_figures(db)
     (out / "gpu_rehearsal.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+    # every log flat at the top of OUT (the device brings back only shallow folders): the
+    # stand-in server's and the gym's, and AReaL's per-role logs
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        shutil.copy(log, out / f"run-{log.name}")
+    for log in sorted((run_dir / "areal" / "logs").rglob("*.log")):
+        shutil.copy(log, out / f"areal-{log.name}")
     if rc != 0:
         print((out / "rehearsal.log").read_text()[-8000:])
-        for log in sorted((run_dir / "areal" / "logs").rglob("*.log")):
-            shutil.copy(log, out / f"areal-{log.name}")
     return rc
 
 

@@ -9,7 +9,10 @@ workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine``
   which it asks for with ``return_token_ids`` (vLLM >= 0.10.2; older servers ignore the field
   and report the count only);
 - on vLLM, restarts a chat (vision) turn that a pause aborted instead of concatenating the
-  partial and a fresh answer (``RestartingVLLMBackend``, finding 5).
+  partial and a fresh answer (``RestartingVLLMBackend``, finding 5);
+- given ``weight_backend``, asks the servers for that collective backend in the xccl weight-update
+  group request (AReaL names the sending process's own, wrong for rollout workers without GPUs:
+  ``cua_native.training.attached_engines``).
 
 Requests, responses and everything else stay AReaL's. Idempotent and cheap (two attribute
 reads once the backend is in place); any other engine is left untouched.
@@ -46,8 +49,26 @@ def _note_received(
     )
 
 
-class CheckedSGLangBackend(SGLangBackend):
+class _NamedWeightGroup:
+    """Mixin for AReaL's backends: the xccl group request names ``weight_backend`` (when given)
+    instead of the sending process's own collective backend."""
+
+    def __init__(self, weight_backend: str | None = None) -> None:
+        super().__init__()
+        self.weight_backend = weight_backend
+
+    def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> HttpRequest:
+        request: HttpRequest = super().build_init_weights_group_request(  # type: ignore[misc]
+            addr, server_idx, meta
+        )
+        if self.weight_backend:
+            request.payload["backend"] = self.weight_backend
+        return request
+
+
+class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
     """AReaL's SGLang backend that reports the server's prompt token count."""
+
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
@@ -62,9 +83,10 @@ class CheckedSGLangBackend(SGLangBackend):
         return result
 
 
-class CheckedVLLMBackend(RestartingVLLMBackend):
+class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
     """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
     (count and ids)."""
+
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int

@@ -6,7 +6,9 @@ calls once per step and changes nothing else of the loop:
 - **attach** (``attach=["host:port", ...]`` or ``AREAL_LLM_SERVER_ADDRS``): the rollout and
   eval-rollout controllers connect to running inference servers, the way AReaL connects its
   eval rollout to the train rollout's servers. Nothing is launched and ``SGLangConfig.build_args``
-  (which demands the ``sglang`` package even when nothing is launched) is never called;
+  (which demands the ``sglang`` package even when nothing is launched) is never called. The
+  rollout workers then hold no GPU, so they run ``attached_engines``' clients, which ask the
+  servers for the actor's collective backend (``nccl`` on GPUs) for xccl weight updates;
 - **actor**: ``CUAFSDPPPOActor`` (one sequence per micro-batch unless attention is varlen);
 - **workers**: whatever the scheduler started is stopped when ``__init__`` fails half-way (a
   setting AReaL rejects after the actor is up) and after ``close`` (even if part of it failed);
@@ -28,11 +30,16 @@ from typing import Any
 
 from areal.api.cli_args import SchedulingStrategy, SchedulingStrategyType
 from areal.api.io_struct import LocalInfServerInfo
-from areal.engine import RemoteSGLangEngine, RemotevLLMEngine
 from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
 from cua_native.monitor.client.lifecycle import TrainingMonitor
+from cua_native.training.attached_engines import (
+    WEIGHT_BACKEND_ENV,
+    AttachedSGLangEngine,
+    AttachedVLLMEngine,
+    trainer_weight_backend,
+)
 from cua_native.training.step_stats import eval_results
 
 logger = logging.getLogger(__name__)
@@ -92,6 +99,17 @@ def _patient_local_scheduler(config: Any) -> Any:
     return PatientLocalScheduler(exp_config=config, startup_timeout=FORK_READY_TIMEOUT_S)
 
 
+def name_weight_backend(config: Any) -> None:
+    """Tell the rollout workers which backend the actor's weight-update group uses (they
+    attach to servers from CPU-only processes, and AReaL would otherwise ask for ``gloo``
+    while an actor on GPUs creates an ``nccl`` group: see ``attached_engines``). A value the
+    config sets in a rollout spec wins."""
+    actor_gpus = max((spec.gpu for spec in config.actor.scheduling_spec), default=0)
+    backend = trainer_weight_backend(actor_gpus)
+    for spec in config.rollout.scheduling_spec:
+        spec.env_vars = {WEIGHT_BACKEND_ENV: backend, **dict(spec.env_vars)}
+
+
 class CUAPPOTrainer(PPOTrainer):
     stats_logger: Any
     """AReaL's ``StatsLogger``, wrapped in ``_CommitTap`` once the base class has made it."""
@@ -112,6 +130,8 @@ class CUAPPOTrainer(PPOTrainer):
         self._model_name = model_name or str(config.actor.path)
         self._baseline = baseline
         self._eval_due: int | None = None
+        if self._attach:
+            name_weight_backend(config)
         try:
             super().__init__(config, train_dataset=train_dataset, valid_dataset=valid_dataset)
         except BaseException:
@@ -165,7 +185,7 @@ class CUAPPOTrainer(PPOTrainer):
         if lora_path is not None:
             raise ValueError("attaching to running servers does not load LoRA adapters")
         config = deepcopy(rollout_config)
-        engine_cls = RemoteSGLangEngine if self.rollout_alloc.backend == "sglang" else RemotevLLMEngine
+        engine_cls = AttachedSGLangEngine if self.rollout_alloc.backend == "sglang" else AttachedVLLMEngine
         if is_eval:
             config.max_head_offpolicyness = int(1e12)
             config.scheduling_strategy = SchedulingStrategy(

@@ -11,11 +11,13 @@ evals and checkpoints — with local stand-ins for the cluster's outside parts:
   API (SGLang or vLLM) from the in-process engine; the trainer attaches to it.
 
 What it may change, and prints: the allocation (one local process each), the model, the gym,
-the sizes (tasks per step, group, turns, tokens) and, on CPU, an NCCL (``xccl``) weight update
-becomes ``disk`` and flash attention becomes ``sdpa`` (then one sequence per micro-batch).
+the sizes (tasks per step, group, turns, tokens), on CPU flash attention becomes ``sdpa`` (then
+one sequence per micro-batch), and on one GPU an ``xccl`` weight update becomes ``disk`` (the
+server and the actor share the device; NCCL needs two).
 What it keeps: the backend, the family/dialect and prompts, the pixel-budget rules (``max_pixels``
 is clamped into the stand-in model's budget and checked like any other), the workflow and its
-kwargs, the weight-update mode on GPU.
+kwargs, and the weight-update mode: on CPU ``xccl`` runs AReaL's own collective path over
+``gloo`` (what AReaL's CPU platform uses), on two GPUs over NCCL.
 """
 
 from __future__ import annotations
@@ -85,8 +87,6 @@ def plan_rehearsal(
     r.set("cluster.name_resolve.type", "nfs", "a local name_resolve directory")
     r.set("cluster.name_resolve.nfs_record_root", run_dir / "name_resolve", "in RUN_DIR")
     if device == "cpu":
-        if areal.actor.weight_update_mode == "xccl":
-            r.set("actor.weight_update_mode", "disk", "NCCL (xccl) needs GPUs: disk on CPU")
         if areal.actor.attn_impl != "sdpa":
             r.set("actor.attn_impl", "sdpa", "flash attention needs a GPU; one sequence per micro-batch")
         r.set("actor.dtype", "float32", "CPU")
@@ -215,8 +215,10 @@ def rehearse(
     backend = rehearsed.areal.rollout.backend.split(":", 1)[0]
     print(f"rehearsal of {config_path} on {device} ({backend}); changed:")
     print("\n".join(plan.reasons))
-    print("kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs"
-          + ("" if device == "cpu" else ", weight-update mode"))
+    mode = rehearsed.areal.actor.weight_update_mode
+    collective = {"cpu": " over gloo"}.get(device, " over nccl") if mode == "xccl" else ""
+    print("kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs, "
+          f"weight-update mode ({mode}{collective})")
     gym_cmd = [
         sys.executable, "-m", "cua_native.gym.server", "--host", "127.0.0.1",
         "--port", str(gym_port), "--gym-id", rehearsed.cua.agent.gym.gym_id, "--log-level", "info",

@@ -3,7 +3,8 @@
 ``python -m cua_native.train --config CONFIG --rehearse --steps 2`` runs AReaL's real trainer
 path: its local scheduler starts an FSDP actor worker and a rollout worker, the rollout worker's
 AReaL remote engine client talks to the stand-in server of the configured backend
-(``cua_native.engine.serve``), weights go back to the server through disk updates, AReaL's
+(``cua_native.engine.serve``), weights go back to the server through the config's ``xccl``
+update (AReaL's broadcast, over gloo on CPU), AReaL's
 evaluator runs the eval rollout and its saver the checkpoint. The run must exit 0 and leave the
 Training Monitor lifecycle in RUN_DIR/monitor.db.
 
@@ -28,6 +29,7 @@ REHEARSED = [
     "qwen3_vl_linux.yaml",
     "qwen3_vl_android_vllm.yaml",
 ]
+DISK_UPDATES = "mai_ui_android.yaml"
 RUN_TIMEOUT_S = 1500
 
 
@@ -39,10 +41,14 @@ def _rows(db: Path, sql: str) -> list[tuple]:
 @pytest.mark.parametrize("name", REHEARSED)
 def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    # one config's rehearsal takes disk weight updates (a user's override wins over the
+    # config): both update paths run through AReaL's trainer in every CI run
+    disk = name == DISK_UPDATES
     result = subprocess.run(
         [
             sys.executable, "-m", "cua_native.train", "--config", str(CONFIGS / name),
             "--rehearse", "--steps", "2", "--run-dir", str(run_dir),
+            *(["actor.weight_update_mode=disk"] if disk else []),
         ],
         capture_output=True,
         text=True,
@@ -52,8 +58,17 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     assert result.returncode == 0, tail
     out = result.stdout
     # what it changed, said aloud
-    assert "actor.weight_update_mode = disk  (NCCL (xccl) needs GPUs: disk on CPU)" in out
     assert "kept: backend" in out
+    # the config's xccl weight update runs AReaL's collective path, over gloo on CPU: the actor
+    # broadcasts, the stand-in receives under SGLang's / vLLM's parameter names
+    rollout_logs = "".join(p.read_text() for p in (run_dir / "areal").rglob("rollout.log"))
+    assert "actor.weight_update_mode" not in out  # rehearsal changes no update mode on CPU
+    if disk:
+        assert "weight-update mode (disk)" in out
+        assert "Initialized GLOO group" not in rollout_logs
+    else:
+        assert "weight-update mode (xccl over gloo)" in out
+        assert "Initialized GLOO group for distributed weight update" in rollout_logs
     backend = "vllm" if "vllm" in name else "sglang"
     assert f"rollout.backend = {backend}:d1" in out
 

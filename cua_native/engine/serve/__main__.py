@@ -8,6 +8,7 @@ real port when ``--port 0`` asked for a free one), which launchers wait for.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
     from cua_native.engine.serve import Backend
 
 DTYPES = ("float32", "bfloat16", "float16")
+SERVER_NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+"""NCCL settings SGLang's and vLLM's servers start with unless already set (SGLang's
+``_set_envs_and_config``; AReaL sets the same on its actor for xccl weight updates). Peers of
+one NCCL group must agree: a server with NCCL's default cuMem buffers fails the trainer's
+broadcast with ``Cuda failure 'invalid argument'``."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
 
+    for key, value in SERVER_NCCL_ENV.items():  # before any NCCL communicator exists
+        os.environ.setdefault(key, value)
     import torch
     import uvicorn
 

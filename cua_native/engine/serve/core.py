@@ -27,6 +27,7 @@ import torch
 from areal.api.io_struct import ModelRequest, ModelResponse
 
 from cua_native.engine.inprocess import InProcessEngine
+from cua_native.engine.serve.param_names import own_names
 from cua_native.engine.serve.xccl import WeightGroups
 
 ABORT_POLL_S = 0.05
@@ -170,12 +171,25 @@ class ServedModel:
         dtypes: Sequence[str],
         shapes: Sequence[Sequence[int]],
     ) -> None:
-        """Receive the tensors the trainer broadcasts (in ``names`` order) and load them."""
+        """Receive the tensors the trainer broadcasts (in ``names`` order) and load them.
+
+        Names may be spelled as SGLang or vLLM know them (``param_names``). A name the model
+        lacks is refused only after the broadcast was received: the trainer's side of the
+        collective completes and it gets the error, instead of waiting for the group's timeout.
+        """
+        try:
+            targets: list[str] | None = own_names(self.engine.model.state_dict().keys(), names)
+            refusal = ""
+        except ValueError as exc:
+            targets, refusal = None, str(exc)
         received: list[tuple[str, torch.Tensor]] = await asyncio.to_thread(
             self.groups.receive, group_name, names, dtypes, shapes
         )
+        if targets is None:
+            raise RequestError(refusal)
+        renamed = [(target, tensor) for target, (_, tensor) in zip(targets, received, strict=True)]
         try:
-            future = self.engine.update_weights_from_state_dict(received)
+            future = self.engine.update_weights_from_state_dict(renamed)
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
         await asyncio.wrap_future(future)

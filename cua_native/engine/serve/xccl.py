@@ -37,6 +37,8 @@ class WeightGroups:
                     f"{self._device.type} (start it with --device cuda, or use "
                     "weight_update_mode: disk)"
                 )
+            if self._device.index is None:  # NCCL and set_device need the device's index
+                return torch.device("cuda", torch.cuda.current_device())
             return self._device
         if backend == "gloo":
             return torch.device("cpu")
@@ -105,4 +107,7 @@ class WeightGroups:
             tensor = torch.empty(shape, dtype=torch_dtype, device=device)
             dist.broadcast(tensor, src=0, group=group)
             out.append((name, tensor))
+        if device.type == "cuda":
+            # NCCL fills the tensors on its own stream; the engine reads them on another thread
+            torch.cuda.synchronize(device)
         return out

@@ -2,7 +2,8 @@
 
 PostgreSQL (a network round trip and a statement execution per statement): a set of keys is one
 array parameter (``= ANY(:keys)``), and a set of rows is one JSON parameter expanded by
-``json_populate_recordset`` into ``INSERT … SELECT … RETURNING`` or ``UPDATE … FROM``: one
+``json_populate_recordset`` into ``INSERT … SELECT … RETURNING`` or ``UPDATE … FROM`` (with the
+ids also as an array, so the rows are found by primary key, never by a scan of the table): one
 statement whatever the number of rows, and psycopg never parses a query with thousands of
 placeholders. SQLite (in process, nothing to save per statement): chunked ``IN (…)`` lists and
 executemany.
@@ -46,12 +47,21 @@ def where_in(connection: Connection, column: Any, values: list[Any]) -> Iterable
 
 
 def rows_where_in(
-    connection: Connection, table: Table, column: Any, values: list[Any], columns: Any = None
+    connection: Connection,
+    table: Table,
+    column: Any,
+    values: list[Any],
+    columns: Any = None,
+    lock: bool = False,
 ) -> list[Any]:
-    """``SELECT columns (default: all) FROM table WHERE column IN values``."""
+    """``SELECT columns (default: all) FROM table WHERE column IN values``; with ``lock``, the
+    rows are locked to the end of the transaction (PostgreSQL ``FOR NO KEY UPDATE``, in
+    ``column`` order; SQLite has one writer at a time and ignores it)."""
     found: list[Any] = []
     for condition in where_in(connection, column, values):
         statement = select(*(columns or [table])).where(condition)
+        if lock:
+            statement = statement.order_by(column).with_for_update(key_share=True)
         found.extend(connection.execute(statement))
     return found
 
@@ -98,12 +108,16 @@ def update_rows(
                 if key != "row_id"
             )
             data = [{"id" if k == "row_id" else k: v for k, v in row.items()} for row in run]
+            # the id array lets the planner see how few rows are meant: with the JSON alone it
+            # guesses 100 and hash-joins them against a scan of the whole table
             statement = text(
                 f"UPDATE {name} SET {sets} FROM json_populate_recordset("
                 f"NULL::{name}, CAST(:rows AS json)) AS data WHERE {name}.id = data.id"
+                f" AND {name}.id = ANY(CAST(:ids AS INTEGER[]))"
                 + (f" AND {name}.{_quoted(connection, only_null)} IS NULL" if only_null else "")
             )
-            connection.execute(statement, {"rows": _json(data)})
+            ids = [row["id"] for row in data]
+            connection.execute(statement, {"rows": _json(data), "ids": ids})
         else:
             by_id = update(table).where(table.c.id == bindparam("row_id"))
             if only_null:

@@ -1,10 +1,11 @@
-"""Derived fields of the monitor store, recomputed after each batch from the rows themselves.
+"""Derived fields of the monitor store, brought up to date after each batch.
 
-Set-based: one query (and at most one executemany UPDATE) for all the rollouts a batch touched,
-and one aggregate statement per step/eval/baseline/training, served by the rollout table's
-``(source_type, <source>_id)`` indexes: one pass over that parent's rollouts, never a scan of
-the table (a few ms at thousands of rollouts per step against tens for the batch). Closing a
-failed or cancelled training's children is a handful of ``UPDATE … WHERE`` statements.
+A step's figures come from its running tallies (``tally.py``): the batch's rollouts' shares
+before and after, so the cost is the batch's, not the step's. Rollouts' turn counts are one
+query (and at most one UPDATE) for all the rollouts a batch touched; an eval's or baseline's
+figures one aggregate over its rollouts on the ``(source_type, <source>_id)`` index (their size is
+the evaluation set's). Closing a failed or cancelled training's children is a handful of
+``UPDATE … WHERE`` statements, whose rollouts' shares go through the same tallies.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, String, case, func, select, update
+from sqlalchemy import Connection, case, func, select, update
 
-from cua_native.monitor.service.bulk import rows_where_in, update_rows
+from cua_native.monitor.service.bulk import rows_where_in, update_rows, where_in
 from cua_native.monitor.service.schema import (
     Baseline,
     Environment,
@@ -25,8 +26,16 @@ from cua_native.monitor.service.schema import (
     Training,
     Turn,
 )
+from cua_native.monitor.service.tally import (
+    SHARE_COLUMNS,
+    TERMINAL_ROLLOUT,
+    Share,
+    StepChange,
+    Tally,
+    share_of,
+)
 
-TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+__all__ = ["TERMINAL_ROLLOUT", "Progress", "close_children"]
 
 
 class Progress:
@@ -43,20 +52,30 @@ class Progress:
         evals: set[int],
         baselines: set[int],
         trainings: set[int],
+        before: dict[int, Share | None],
     ) -> None:
         """Refresh rollouts, then the steps/evals/baselines they and the batch name, then the
         trainings the batch names or whose steps it wrote (a training's figures come from its
-        steps' numbers and statuses, which only a step record changes)."""
+        steps' numbers and statuses, which only a step record changes).
+
+        ``before`` holds the share (``tally.share_of``) of every rollout the batch changed as it
+        was before the batch (``None`` for a new one), read under the rollout's row lock;
+        ``rollout_ids`` must include all of them."""
         written_steps = set(steps)
-        for step_id, eval_id, baseline_id in self._rollouts(rollout_ids):
+        tally = Tally()
+        for step_id, eval_id, baseline_id in self._rollouts(rollout_ids, before, tally):
             if step_id is not None:
                 steps.add(step_id)
             if eval_id is not None:
                 evals.add(eval_id)
             if baseline_id is not None:
                 baselines.add(baseline_id)
-        for step in self._rows(Step, steps):
-            self._step(step)
+        steps.update(tally.steps)
+        # lock order: rollouts (the writer's reads), then steps, then their groups
+        step_rows = self._rows(Step, steps, lock=True)
+        tally.write_groups(self.connection)
+        for step in step_rows:
+            self._step(step, tally.steps.get(step["id"], StepChange()))
             if step["id"] in written_steps:
                 trainings.add(step["training_id"])
         for model, ids in ((Eval, evals), (Baseline, baselines)):
@@ -65,14 +84,17 @@ class Progress:
         for training in self._rows(Training, trainings):
             self._training(training)
 
-    def _rows(self, model: Any, ids: set[int]) -> list[dict[str, Any]]:
+    def _rows(self, model: Any, ids: set[int], lock: bool = False) -> list[dict[str, Any]]:
         table = model.__table__
-        found = rows_where_in(self.connection, table, table.c.id, sorted(ids))
+        found = rows_where_in(self.connection, table, table.c.id, sorted(ids), lock=lock)
         return [dict(row._mapping) for row in found]
 
-    def _rollouts(self, ids: set[int]) -> list[tuple[int | None, int | None, int | None]]:
+    def _rollouts(
+        self, ids: set[int], before: dict[int, Share | None], tally: Tally
+    ) -> list[tuple[int | None, int | None, int | None]]:
         """Current turn, progress and turn count of every touched rollout (one query, their turns
-        counted by correlated subqueries on the (rollout_id, turn) index; one UPDATE); answers their parents."""
+        counted by correlated subqueries on the (rollout_id, turn) index; one UPDATE); their
+        shares' changes into ``tally``; answers their parents."""
         table: Any = Rollout.__table__
         wanted = sorted(ids)
         last_turn = (
@@ -88,14 +110,13 @@ class Progress:
             wanted,
             [
                 table.c.id,
-                table.c.status,
                 table.c.current_turn,
                 table.c.num_turns,
                 table.c.max_turns,
                 table.c.progress_percent,
-                table.c.step_id,
                 table.c.eval_id,
                 table.c.baseline_id,
+                *SHARE_COLUMNS,
                 last_turn.label("last_turn"),
                 turn_count.label("turn_count"),
             ],
@@ -104,6 +125,8 @@ class Progress:
         changes: list[dict[str, Any]] = []
         for row in found:
             parents.append((row.step_id, row.eval_id, row.baseline_id))
+            if row.id in before:
+                tally.change(before[row.id], share_of(row._mapping))
             last_turn, count = row.last_turn, row.turn_count
             current, done, percent = row.current_turn, row.num_turns, row.progress_percent
             if last_turn is not None and (current is None or current < last_turn):
@@ -156,60 +179,15 @@ class Progress:
             int(rewards),
         )
 
-    def _step_figures(
-        self, step_id: int
-    ) -> tuple[int, int, float | None, float | None, int, int, int]:
-        """(rollouts, finished, mean reward, mean squared reward, rewards, groups, complete
-        groups) of one step in one pass over its rollouts: per group, then summed."""
-        done = Rollout.status.in_(TERMINAL_ROLLOUT)
-        reward = case((done, Rollout.reward))
-        key = func.coalesce(Rollout.group_id, func.cast(Rollout.group, String))
-        per_group = (
-            select(
-                func.count(Rollout.id).label("n"),
-                func.count(case((done, 1))).label("finished"),
-                func.sum(reward).label("rewards"),
-                func.sum(reward * reward).label("squares"),
-                func.count(reward).label("rewarded"),
-                func.count(case((Rollout.status.not_in(TERMINAL_ROLLOUT), 1))).label("open"),
-            )
-            .where(of_source("step", step_id))
-            .group_by(key)
-            .subquery()
-        )
-        c = per_group.c
-        row = self.connection.execute(
-            select(
-                func.sum(c.n),
-                func.sum(c.finished),
-                func.sum(c.rewards),
-                func.sum(c.squares),
-                func.sum(c.rewarded),
-                func.count(),
-                func.count(case((c.open == 0, 1))),
-            )
-        ).one()
-        total, finished, rewards, squares, rewarded, groups, complete = row
-        count = int(rewarded or 0)
-        mean = float(rewards) / count if count and rewards is not None else None
-        square = float(squares) / count if count and squares is not None else None
-        return (
-            int(total or 0),
-            int(finished or 0),
-            mean,
-            square,
-            count,
-            int(groups),
-            int(complete),
-        )
-
-    def _step(self, step: dict[str, Any]) -> None:
-        total, finished, mean, square, rewards, groups, completed_groups = self._step_figures(
-            step["id"]
-        )
+    def _step(self, step: dict[str, Any], change: StepChange) -> None:
+        tallies = change.tallies(step)
+        total, finished = tallies["tally_rollouts"], tallies["tally_finished"]
+        rewards = tallies["tally_rewarded"]
+        groups, completed_groups = tallies["tally_groups"], tallies["tally_complete_groups"]
         given = json_dict(step["rollout_progress"])
         total_envs = max(count_of(given.get("total_envs")), total)
         values: dict[str, Any] = {
+            **tallies,
             "rollout_progress": json.dumps(
                 {
                     "completed_groups": completed_groups,
@@ -217,9 +195,11 @@ class Progress:
                     "completed_envs": finished,
                     "total_envs": total_envs,
                 }
-            )
+            ),
         }
-        if rewards and mean is not None and square is not None:
+        if rewards:
+            mean = tallies["tally_reward_sum"] / rewards
+            square = tallies["tally_reward_squares"] / rewards
             values["reward_mean"] = mean
             values["reward_std"] = max(0.0, square - mean * mean) ** 0.5
             values["num_trajectories"] = finished
@@ -279,9 +259,13 @@ class Progress:
             self.connection.execute(update(table).where(table.c.id == row["id"]).values(changed))
 
 
-def close_children(connection: Connection, training_id: int, status: str, now: datetime) -> None:
+def close_children(
+    connection: Connection, training_id: int, status: str, now: datetime
+) -> dict[int, Share | None]:
     """A training that failed or was cancelled leaves nothing open: its unfinished steps fail,
-    its unfinished evals/baselines and their rollouts take its status, environments end."""
+    its unfinished evals/baselines and their rollouts take its status, environments end.
+    Answers the shares (before) of the rollouts it closed, read under their row locks, for
+    ``Progress.refresh``."""
     message = f"training {status}"
     open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
     connection.execute(
@@ -303,22 +287,29 @@ def close_children(connection: Connection, training_id: int, status: str, now: d
         | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
         | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
     )
-    open_rollouts = select(Rollout.id).where(
-        sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None)
-    )
-    connection.execute(
-        update(Environment)
-        .where(
-            Environment.rollout_id.in_(open_rollouts),
-            Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
+    open_rollouts = connection.execute(
+        select(Rollout.id, *SHARE_COLUMNS)
+        .where(sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None))
+        .order_by(Rollout.id)
+        .with_for_update(key_share=True)
+    ).all()
+    ids = [row.id for row in open_rollouts]
+    for condition in where_in(connection, Environment.rollout_id, ids):
+        connection.execute(
+            update(Environment)
+            .where(
+                condition,
+                Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
+            )
+            .values(status="terminated", status_message=message, termination_time=now)
         )
-        .values(status="terminated", status_message=message, termination_time=now)
-    )
-    connection.execute(
-        update(Rollout)
-        .where(Rollout.id.in_(open_rollouts))
-        .values(status=status, error_message=message, end_time=now, updated_at=now)
-    )
+    for condition in where_in(connection, Rollout.id, ids):
+        connection.execute(
+            update(Rollout)
+            .where(condition)
+            .values(status=status, error_message=message, end_time=now, updated_at=now)
+        )
+    return {row.id: share_of(row._mapping) for row in open_rollouts}
 
 
 def of_source(source: str, parent_id: int) -> Any:

@@ -11,7 +11,10 @@ links rollout → environment; ``environment.rollout_id`` became nullable and is
 ``turn.text``/``screen_before``/``screen_after``/``action_json``/``model_specific_input_json``,
 ``action.action_name``/``action_args``/``action_call_id``/``action_json`` and
 ``validation.screenshot_uri``. No ``group`` table: a rollout's ``group`` number and ``group_id`` are
-enough to group it on the dashboard, and group statistics are computed by query.
+enough to group it on the dashboard. Migration 0003 adds what the store maintains itself, never a
+sender: a step's running tallies of its rollouts (``step.tally_*``) and per-group counters
+(``step_group``), so a batch updates a step's figures in time independent of the step's size
+(``tally.py``).
 
 Timestamps are naive UTC. JSON columns are TEXT as in the seed (portable to both backends).
 The schema is created and evolved only by the Alembic migrations in ``migrations/``.
@@ -20,6 +23,7 @@ The schema is created and evolved only by the Alembic migrations in ``migrations
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     CheckConstraint,
@@ -61,6 +65,10 @@ class Base(DeclarativeBase):
 
 def _client_id() -> Mapped[str | None]:
     return mapped_column(String(255), unique=True)
+
+
+def _tally(kind: type[Integer] | type[Float[float]]) -> Mapped[Any]:
+    return mapped_column(kind, nullable=False, server_default=text("0"))
 
 
 def _created() -> Mapped[datetime | None]:
@@ -244,6 +252,28 @@ class Step(Base):
     avg_turn_time: Mapped[float | None] = mapped_column(Float)
     estimated_total_time: Mapped[float | None] = mapped_column(Float)
     estimated_remaining_time: Mapped[float | None] = mapped_column(Float)
+    # running tallies of the step's rollouts, kept by the store (``tally.py``; migration 0003)
+    tally_rollouts: Mapped[int] = _tally(Integer)
+    tally_finished: Mapped[int] = _tally(Integer)
+    tally_rewarded: Mapped[int] = _tally(Integer)
+    """Finished rollouts with a reward."""
+    tally_reward_sum: Mapped[float] = _tally(Float)
+    tally_reward_squares: Mapped[float] = _tally(Float)
+    tally_groups: Mapped[int] = _tally(Integer)
+    tally_complete_groups: Mapped[int] = _tally(Integer)
+
+
+class StepGroup(Base):
+    """Rollouts and open (not finished) rollouts of one group of one step, kept by the store
+    (``tally.py``; migration 0003). ``group_key`` is ``tally.group_key``: ``g:`` and the
+    rollout's ``group_id``, else its ``group`` number; ``-`` for rollouts with neither."""
+
+    __tablename__ = "step_group"
+
+    step_id: Mapped[int] = mapped_column(ForeignKey("step.id"), primary_key=True)
+    group_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    rollouts: Mapped[int] = _tally(Integer)
+    open_rollouts: Mapped[int] = _tally(Integer)
 
 
 class Rollout(Base):

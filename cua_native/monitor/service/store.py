@@ -3,8 +3,8 @@
 One writer: ``ingest`` holds a lock and applies a whole batch in one transaction (all or nothing).
 ``aingest`` runs it on the store's own single worker thread, so the event loop never blocks.
 The batch is written set-based (``writer.py``: a few statements per kind, not per record);
-status changes write ``status_history`` rows; progress fields are recomputed from the rows after
-each batch (``progress.py``).
+status changes write ``status_history`` rows; progress fields are brought up to date after each
+batch (``progress.py``; a step's from running tallies, ``tally.py``).
 """
 
 from __future__ import annotations
@@ -102,6 +102,15 @@ class MonitorStore:
         with self._write_lock:
             try:
                 with self.engine.begin() as connection:
+                    if connection.dialect.name == "sqlite":
+                        # the write lock first: a batch's reads and writes are one snapshot
+                        # even when another process writes to the same file (``tally.py``)
+                        connection.exec_driver_sql("BEGIN IMMEDIATE")
+                    else:
+                        # a batch reads and writes only rows it names, by key: never let the
+                        # planner scan a table for them (it prefers to while tables are small
+                        # and its statistics young, and the cost then grows with every row)
+                        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
                     return BatchWriter(connection, self.screenshots).apply(parsed)
             except IntegrityError as exc:
                 raise IngestError(f"batch violates a database rule: {exc.orig}") from exc

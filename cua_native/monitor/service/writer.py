@@ -41,6 +41,7 @@ from cua_native.monitor.service.schema import (
     Validation,
     Validator,
 )
+from cua_native.monitor.service.tally import Share, share_of
 
 ENDED_TRAINING = ("failed", "cancelled")
 JSON_FIELDS = frozenset(
@@ -209,6 +210,9 @@ class BatchWriter:
         self.touched_rollouts: set[int] = set()
         self.ended_trainings: dict[int, str] = {}
         self.history: list[_History] = []
+        self.rollout_before: dict[int, Share | None] = {}
+        """Each rollout's share in its step's tallies before this batch (``None``: new), taken
+        at its first read, which locks it (``tally.py``)."""
 
     def apply(self, batch: IngestBatch) -> dict[str, Any]:
         answer: dict[str, Any] = {}
@@ -236,14 +240,17 @@ class BatchWriter:
                 slots[position] = _mapping(record.client_id, _known_id(row))
         self._write_history()
         for training_id, status in self.ended_trainings.items():
-            close_children(self.connection, training_id, status, self.now)
+            closed = close_children(self.connection, training_id, status, self.now)
+            for rollout_id, share in closed.items():
+                self.rollout_before.setdefault(rollout_id, share)
         touched = self.touched
         Progress(self.connection, self.now).refresh(
-            touched.get(Rollout, set()) | self.touched_rollouts,
+            touched.get(Rollout, set()) | self.touched_rollouts | set(self.rollout_before),
             set(touched.get(Step, ())),
             set(touched.get(Eval, ())),
             set(touched.get(Baseline, ())),
             set(touched.get(Training, ())),
+            self.rollout_before,
         )
         return answer
 
@@ -255,8 +262,9 @@ class BatchWriter:
         if not wanted:
             return
         table: Any = model.__table__
-        for found in rows_where_in(self.connection, table, table.c.client_id, wanted):
-            self.rows[(model, found.client_id)] = _Row(dict(found._mapping), new=False)
+        lock = model is Rollout
+        for found in rows_where_in(self.connection, table, table.c.client_id, wanted, lock=lock):
+            self.rows[(model, found.client_id)] = self._read(model, found)
         for client_id in wanted:
             self.rows.setdefault((model, client_id), None)
 
@@ -272,11 +280,21 @@ class BatchWriter:
                 for i, column in enumerate(kind.natural_key)
             ]
             wanted = set(part)
-            for row in self.connection.execute(select(table).where(and_(*conditions))):
+            statement = select(table).where(and_(*conditions))
+            if kind.model is Rollout:
+                statement = statement.order_by(table.c.id).with_for_update(key_share=True)
+            for row in self.connection.execute(statement):
                 key = tuple(getattr(row, column) for column in kind.natural_key)
                 if key in wanted:
-                    found[key] = _Row(dict(row._mapping), new=False)
+                    found[key] = self._read(kind.model, row)
         return found
+
+    def _read(self, model: type[Base], row: Any) -> _Row:
+        """A row read from the database; a rollout's share before the batch is noted."""
+        state = dict(row._mapping)
+        if model is Rollout:
+            self.rollout_before.setdefault(state["id"], share_of(state))
+        return _Row(state, new=False)
 
     # -- one kind ----------------------------------------------------------------------------
 
@@ -456,6 +474,9 @@ class BatchWriter:
                 insert(table).values(_inserted(row.state, defaulted)).returning(table.c.id)
             ).scalar_one()
         self.created_ids.setdefault(model, set()).update(_known_id(row) for row in inserts)
+        if model is Rollout:
+            for row in inserts:
+                self.rollout_before.setdefault(_known_id(row), None)
         changed = []
         for row in rows:
             if row.changes:

@@ -191,6 +191,24 @@ def perturbed_state(engine: InProcessEngine, seed: int) -> dict[str, torch.Tenso
     }
 
 
+def areal_spelling(model: Any, backend: str) -> dict[str, str]:
+    """Own parameter name -> the name AReaL's FSDP actor broadcasts to a ``backend`` server
+    (AReaL's own renaming, ``FSDPEngine._get_model_name_parameters``, run on ``model``)."""
+    from types import SimpleNamespace
+
+    from areal.api.alloc_mode import ModelAllocation
+    from areal.engine.fsdp_engine import FSDPEngine
+
+    meta = WeightUpdateMeta(type="xccl", gen_allocation=ModelAllocation.from_str(f"{backend}:d1"))
+    actor = SimpleNamespace(
+        model=model, is_vision_model=True,
+        model_config=SimpleNamespace(model_type=model.config.model_type),
+    )
+    own = [name for name, _ in model.named_parameters()]
+    sent = [name for name, _ in FSDPEngine._get_model_name_parameters(actor, meta)]  # type: ignore[arg-type]
+    return dict(zip(own, sent, strict=True))
+
+
 class GenerateSpy:
     """Records the prompts ``ServedModel.generate`` gets and how each answer ended."""
 
@@ -292,6 +310,7 @@ class ServeKit:
     prompt_request = staticmethod(prompt_request)
     on_wire = staticmethod(on_wire)
     perturbed_state = staticmethod(perturbed_state)
+    areal_spelling = staticmethod(areal_spelling)
     GenerateSpy = GenerateSpy
     abort_mid_turn = staticmethod(abort_mid_turn)
 

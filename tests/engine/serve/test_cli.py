@@ -140,8 +140,12 @@ async def test_xccl_weight_update_through_the_cli_server(
             group_name=meta.nccl_group_name,
         )
         await asyncio.wrap_future(joined)
+        # named as AReaL's actor names them for this server (SGLang's or vLLM's layout)
+        spelled = sk.areal_spelling(tiny.model, backend)
         specs = [
-            ParamSpec(name=k, shape=tuple(v.shape), dtype=str(v.dtype).removeprefix("torch."))
+            ParamSpec(
+                name=spelled.get(k, k), shape=tuple(v.shape), dtype=str(v.dtype).removeprefix("torch.")
+            )
             for k, v in new_weights.items()
         ]
         started = time.monotonic()
