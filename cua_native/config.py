@@ -95,10 +95,6 @@ class CUASettings(BaseModel):
     eval_every: int = Field(0, ge=0)
     """Evaluate every this many steps (0: never). The embedded trainer also evaluates after the
     last step; on the cluster path AReaL's ``evaluator.freq_steps`` is derived from it."""
-    task_order: Literal["shuffle", "informative"] = "shuffle"
-    """How the embedded trainer picks each step's tasks (``training/task_order.py``):
-    ``shuffle`` every task row once per pass; ``informative`` favours tasks whose latest group's
-    rewards differed (the groups GRPO learns from)."""
     eval_episodes_per_task: int = Field(1, ge=1)
     """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
     monitor_db: str | None = "sqlite"

@@ -31,7 +31,6 @@ from cua_native.monitor.client.lifecycle import redact
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
 from cua_native.training.outcomes import TaskOutcomes
-from cua_native.training.task_order import GroupRewards, TaskOrder
 
 logger = logging.getLogger(__name__)
 
@@ -310,18 +309,20 @@ class EmbeddedTrainer:
                 task_row,
             )
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
-        order = TaskOrder(train_tasks, self.rng, cua.task_order)
+        order: list[Task] = []
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
         for step in bar:
             started = time.perf_counter()
-            tasks = order.next(batch_size)
+            if len(order) < batch_size:
+                fresh = list(train_tasks)
+                self.rng.shuffle(fresh)
+                order.extend(fresh)
+            tasks, order = order[:batch_size], order[batch_size:]
             monitor.step_started(step)
             tally = EpisodeTally()
-            group_rewards = GroupRewards()
-            flow = workflow("step", [tally, group_rewards])
+            flow = workflow("step", [tally])
             rows = [dict(task_row(t), global_step=step) for t in tasks]
             results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
-            order.observe(group_rewards)
             batch = [r for r in results if r is not None]
             summary = StepSummary(
                 step=step,
