@@ -43,6 +43,10 @@ WARM_START_MARKER = "cua_native_warm_start.json"
 """Written last into a finished warm-start directory (its report as JSON)."""
 
 
+_REWARD_OPTIONS = frozenset({"progress_reward"})
+"""Sim options that shape RL rewards only (a warm start made without them is the same model)."""
+
+
 def warm_start_key(
     family: str,
     settings: WarmStart,
@@ -57,7 +61,8 @@ def warm_start_key(
         "family": family,
         "warm_start": settings.model_dump(mode="json"),
         "prompt": prompt_overrides,
-        "sim": sim_options,
+        # the reward shaping changes no demonstration
+        "sim": {k: v for k, v in sim_options.items() if k not in _REWARD_OPTIONS},
         "tasks": tasks.model_dump(mode="json") if tasks is not None else None,
     }
     text = json.dumps(described, sort_keys=True, default=str)

@@ -9,6 +9,11 @@ returns scaled screenshots); coordinates stay those of the ``width`` × ``height
 to the size the model sees (``smart_resize`` of the screen for its pixel budget), the prompt
 builder has nothing to resize and the model gets the same geometry, drawn directly: a 160×384
 frame renders in a third of the time of a 1080×2400 one and holds 0.18 MB instead of 7.8 MB.
+
+``progress_reward`` (default 0: the reward is the task's success) gives failed episodes partial
+credit for the share of the task's solution path they covered (``gym.sim.progress``): reward =
+1 for a success, else ``progress_reward`` × progress. ``Evaluation.success`` is the validators'
+verdict either way, and ``Evaluation.raw["progress"]`` reports the progress when it is on.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from cua_native.gym.protocol import (
     reward_from_result,
 )
 from cua_native.gym.sim.execute import Phone
+from cua_native.gym.sim.progress import progress, shaped_reward, solution_distance
 from cua_native.gym.sim.render import Renderer
 from cua_native.gym.sim.screens import build_layout, screen_for
 from cua_native.gym.sim.solver import SwipeStyle, next_step
@@ -63,9 +69,17 @@ class SimExecution:
     """One live simulated phone running one task."""
 
     def __init__(
-        self, gym: SimGym, execution_id: str, task: Task, state: PhoneState, user_reply: str
+        self,
+        gym: SimGym,
+        execution_id: str,
+        task: Task,
+        state: PhoneState,
+        user_reply: str,
+        start_distance: int | None = None,
     ) -> None:
         self.gym = gym
+        self.start_distance = start_distance
+        """The solution's length from the initial state (``progress_reward`` on), else None."""
         self.execution_id = execution_id
         self.task = task
         self.state = state
@@ -119,13 +133,24 @@ class SimExecution:
             given = answer if answer is not None else self.state.answer
             validators = tuple(validate(self.task, self.state, given))
             success = bool(validators) and all(v.passed for v in validators)
-            result = {"success": success, "validators": [v.to_json() for v in validators]}
+            result: dict[str, Any] = {
+                "success": success,
+                "validators": [v.to_json() for v in validators],
+            }
+            reward = reward_from_result(result, success)
+            if self.start_distance is not None:
+                end = await self.gym.offload(self._distance)
+                result["progress"] = covered = progress(self.start_distance, end)
+                reward = shaped_reward(success, covered, self.gym.progress_reward)
             return Evaluation(
-                reward=reward_from_result(result, success),
+                reward=reward,
                 success=success,
                 validators=validators,
                 raw=result,
             )
+
+    def _distance(self) -> int:
+        return solution_distance(self.task, self.state, self.phone.space)
 
     def solution_step(
         self, swipe_style: SwipeStyle = "direction"
@@ -174,12 +199,18 @@ class SimGym:
         executor: Executor | None = None,
         user_reply: str = DEFAULT_USER_REPLY,
         screenshot_size: tuple[int, int] | list[int] | None = None,
+        progress_reward: float = 0.0,
     ) -> None:
         shot_w, shot_h = screenshot_size if screenshot_size is not None else (width, height)
         if min(shot_w, shot_h) < 32 or max(shot_w, shot_h) > 8192:
             raise ValueError(
                 f"screenshot_size must be two integers between 32 and 8192, got {screenshot_size!r}"
             )
+        if not 0.0 <= progress_reward < 1.0:
+            raise ValueError(
+                f"progress_reward must be in [0, 1) (a success is worth 1), got {progress_reward!r}"
+            )
+        self.progress_reward = float(progress_reward)
         self.seed = seed
         self.width, self.height = width, height
         self.executor = executor
@@ -213,8 +244,15 @@ class SimGym:
     def new_execution(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
         """Create an execution synchronously (tests, demonstrations, the HTTP server)."""
         seed = self._seed(options, task)
+        return self._register(*self._prepare(task, seed), seed)
+
+    def _prepare(self, task: Task, seed: int) -> tuple[Task, PhoneState, int | None]:
+        """The task, its initial state and (``progress_reward`` on) the solution's length."""
         known, state = self._initial_state(task, seed)
-        return self._register(known, state, seed)
+        if not self.progress_reward:
+            return known, state, None
+        space = PixelSpace(self.width, self.height)
+        return known, state, solution_distance(known, state, space)
 
     def _initial_state(self, task: Task, seed: int) -> tuple[Task, PhoneState]:
         """The task's seeded phone, set up as the task starts (pure; a millisecond or two of
@@ -243,16 +281,17 @@ class SimGym:
             raise ValueError(f"the execution seed must be an integer, got {seed!r}")
         return seed
 
-    def _register(self, task: Task, state: PhoneState, seed: int) -> SimExecution:
+    def _register(
+        self, task: Task, state: PhoneState, start_distance: int | None, seed: int
+    ) -> SimExecution:
         execution_id = f"sim-{seed}-{next(self._ids)}"
-        execution = SimExecution(self, execution_id, task, state, self.user_reply)
+        execution = SimExecution(self, execution_id, task, state, self.user_reply, start_distance)
         self._live[execution_id] = execution
         return execution
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> SimExecution:
         seed = self._seed(options, task)
-        known, state = await self.offload(self._initial_state, task, seed)
-        return self._register(known, state, seed)
+        return self._register(*await self.offload(self._prepare, task, seed), seed)
 
     async def aclose(self) -> None:
         for execution in list(self._live.values()):
