@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import gc
+import subprocess
 import sys
 import threading
 
@@ -13,7 +13,6 @@ from cua_native.rollout.cpu_pool import RankedPool
 from cua_native.rollout.runtime import (
     SWITCH_INTERVAL,
     available_cores,
-    freeze_startup_heap,
     install_cpu_pool,
     tune_allocator,
     tune_for_rollouts,
@@ -49,12 +48,23 @@ def test_cpu_pool_is_a_ranked_default_executor_with_one_thread_per_core() -> Non
     assert len(names) <= workers
 
 
+FREEZE_CHECK = """
+import gc
+from cua_native.rollout.runtime import freeze_startup_heap
+survivor = [object() for _ in range(10)]
+frozen = freeze_startup_heap()
+assert frozen == gc.get_freeze_count() > len(survivor), (frozen, gc.get_freeze_count())
+assert not any(survivor is obj for obj in gc.get_objects())  # out of every generation
+gc.unfreeze()
+assert any(survivor is obj for obj in gc.get_objects())
+print("ok")
+"""
+
+
 def test_freeze_startup_heap_hides_live_objects_from_the_collector() -> None:
-    survivor = [object() for _ in range(10)]
-    try:
-        frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > len(survivor)
-        assert not any(survivor is obj for obj in gc.get_objects())  # out of every generation
-    finally:
-        gc.unfreeze()
-    assert any(survivor is obj for obj in gc.get_objects())
+    # the collector's frozen generation is process-wide: checked in a fresh interpreter, where
+    # no thread left by another test can collect, freeze or unfreeze in between
+    result = subprocess.run(
+        [sys.executable, "-c", FREEZE_CHECK], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
