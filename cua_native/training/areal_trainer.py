@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from collections.abc import Callable, Sequence
 from copy import deepcopy
 from typing import Any
 
 from areal.api.cli_args import SchedulingStrategy, SchedulingStrategyType
 from areal.api.io_struct import LocalInfServerInfo
-from areal.infra import LocalScheduler
 from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
@@ -42,6 +40,7 @@ from cua_native.training.attached_engines import (
     AttachedVLLMEngine,
     trainer_weight_backend,
 )
+from cua_native.training.local_scheduler import patient_local_scheduler
 from cua_native.training.step_stats import eval_results
 
 logger = logging.getLogger(__name__)
@@ -78,46 +77,6 @@ class _CommitTap:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-FORK_READY_TIMEOUT_S = 600.0
-"""AReaL's local scheduler gives a forked worker (the eval rollout, colocated with the rollout)
-60 s to import torch and AReaL and answer; a loaded laptop or CI machine needs longer."""
-
-
-class PatientLocalScheduler(LocalScheduler):
-    """AReaL's local scheduler, with two changes for shared machines:
-
-    - a forked worker gets ``FORK_READY_TIMEOUT_S`` to answer, not AReaL's 60 s;
-    - worker ports are not drawn from the run's seed. AReaL picks them with the global
-      ``random``, which ``PPOTrainer`` seeds with ``config.seed`` just before: two runs of one
-      seed started together on one machine chose the same ports, and the port a worker is
-      given stays unbound until it has imported torch and AReaL, so the second run's check
-      found it free. Ports come from fresh entropy here; the run's random stream is left as it
-      was.
-    """
-
-    @staticmethod
-    async def _wait_for_fork_ready(
-        session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
-    ) -> bool:
-        ready: bool = await LocalScheduler._wait_for_fork_ready(
-            session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)
-        )
-        return ready
-
-    def _allocate_ports(self, count: int) -> list[int]:
-        state = random.getstate()
-        random.seed()  # from os.urandom
-        try:
-            ports: list[int] = super()._allocate_ports(count)
-            return ports
-        finally:
-            random.setstate(state)
-
-
-def _patient_local_scheduler(config: Any) -> Any:
-    return PatientLocalScheduler(exp_config=config, startup_timeout=FORK_READY_TIMEOUT_S)
 
 
 def name_weight_backend(config: Any) -> None:
@@ -183,7 +142,7 @@ class CUAPPOTrainer(PPOTrainer):
 
     def _init_scheduler(self) -> Any:
         if self.config.scheduler.type == "local":
-            return _patient_local_scheduler(self.config)
+            return patient_local_scheduler(self.config)
         return super()._init_scheduler()
 
     def _create_train_engine(self, actor_config: Any, alloc: Any) -> Any:

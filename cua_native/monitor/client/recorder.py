@@ -632,11 +632,12 @@ def recorder_from_config(
     """A recorder writing to the SQL store at ``db_url`` (``"sqlite"`` or ``""``: SQLite in
     ``run_dir``), to a Training Monitor at ``monitor_url``, to both, or to nothing.
 
-    Opening the store runs migrations (blocking): call this before the event loop is busy."""
-    from cua_native.monitor.service.store import MonitorStore
-
+    Opening the store runs migrations (blocking): call this before the event loop is busy.
+    The store (SQLAlchemy, Alembic) is imported only when a database is named."""
     sinks: list[Sink] = []
     if db_url is not None:
+        from cua_native.monitor.service.store import MonitorStore
+
         url = None if db_url in ("", "sqlite") else db_url
         sinks.append(SqlSink(MonitorStore.open(url, run_dir=run_dir)))
     if monitor_url:
