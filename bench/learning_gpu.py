@@ -143,6 +143,12 @@ def main() -> int:
     parser.add_argument("--warm-batch", type=int, default=8)
     parser.add_argument("--warm-lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--warm-gym-seeds",
+        type=int,
+        default=4,
+        help="phones (gym seeds 0..N-1) each training task is demonstrated on",
+    )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()
 
@@ -162,7 +168,7 @@ def main() -> int:
         lr=args.warm_lr,
         batch_size=args.warm_batch,
         seed=args.seed,
-        gym_seeds=[0, 1, 2, 3],
+        gym_seeds=list(range(args.warm_gym_seeds)),
     )
     report = warm_start(
         base,

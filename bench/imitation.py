@@ -1,0 +1,116 @@
+"""Does a warm start imitate on phones it has not seen? Builds a tiny Qwen3-VL (``--spec
+tiny``: the embedded default's model, tasks and warm-start settings; ``--spec big``:
+``learning_gpu``'s 38.5 M-parameter model on the whole train split), warm-starts it, then
+decodes every demonstrated turn of its training tasks with the real ``InProcessEngine`` and
+compares the parsed action with the solution's: on two demonstration phones (gym seeds 0, 1)
+and on the evaluation phone (``EVAL_SEED``), greedy and sampled at temperature 1.0.
+
+    uv run python bench/imitation.py --spec tiny --device cpu --out runs/imitation-tiny
+    uv run python bench/imitation.py --spec big --device cuda --out runs/imitation-big
+
+A gap between the two phones is imitation that does not generalise: RL then starts from a
+policy that rarely samples the right action on new phones (docs/design-notes.md, note 22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from learning_gpu import BIG, EVAL_SEED, PROMPT, SIM_OPTIONS, parameter_count
+
+from cua_native.config import WarmStart, load_config
+from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
+from cua_native.prompts import default_prompt_config, dialect_for
+from cua_native.rollout.dataset import TaskSource
+from cua_native.training.demos import Demo, DemoSpec, collect_demos, source_for
+from cua_native.training.warm_start import FirstStepScore, score_first_steps, warm_start
+
+FAMILY = "mai_ui"
+
+
+async def score(model_dir: Path, device: str, demos: list[Demo]) -> list[FirstStepScore]:
+    from cua_native.engine import InProcessEngine
+
+    engine = await asyncio.to_thread(InProcessEngine.from_pretrained, model_dir, device=device)
+    try:
+        dialect = dialect_for(default_prompt_config(FAMILY))
+        return [
+            await score_first_steps(engine, demos, dialect, engine.tokenizer, greedy=True),
+            await score_first_steps(
+                engine, demos, dialect, engine.tokenizer, greedy=False, samples=2
+            ),
+        ]
+    finally:
+        await asyncio.to_thread(engine.destroy)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", choices=["tiny", "big"], default="tiny")
+    parser.add_argument("--out", type=Path, default=Path("runs/imitation"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--warm-steps", type=int, help="default: the spec's")
+    parser.add_argument("--warm-gym-seeds", type=int, help="phones 0..N-1; default: the spec's")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    default = load_config(None).cua
+    if args.spec == "tiny":  # the embedded default, as configs/default.yaml sets it up
+        spec, tasks, warm = TinySpec(), default.tasks.model_copy(), default.warm_start
+        tasks = tasks.model_copy(update={"gym_seeds": None})
+    else:  # bench/learning_gpu.py's run
+        spec, tasks = BIG, TaskSource(split="train")
+        warm = WarmStart(steps=200, lr=1e-3, batch_size=8, gym_seeds=[0, 1, 2, 3])
+    warm = warm.model_copy(update={"seed": args.seed})
+    if args.warm_steps is not None:
+        warm = warm.model_copy(update={"steps": args.warm_steps})
+    if args.warm_gym_seeds is not None:
+        warm = warm.model_copy(update={"gym_seeds": list(range(args.warm_gym_seeds))})
+
+    from transformers import AutoProcessor
+
+    started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = build_tiny_qwen3_vl(args.out / "base", spec)
+    seen = list(warm.gym_seeds)
+    source = source_for(FAMILY, SIM_OPTIONS)
+    report = warm_start(
+        base,
+        args.out / "warm",
+        warm,
+        family=FAMILY,
+        prompt_overrides=PROMPT,
+        tasks=tasks,
+        gym_seeds=tuple(seen),
+        demo_source=source,
+        device=args.device,
+    )
+    print(f"warm start: {report.steps} steps, loss {report.last_loss:.4f}, {report.demos} demos")
+    processor = AutoProcessor.from_pretrained(str(args.out / "warm"))
+    results: dict[str, dict[str, float]] = {}
+    for name, phones in (("seen phones", (0, 1)), ("new phone", (EVAL_SEED,))):
+        demos = collect_demos(processor, DemoSpec(FAMILY, PROMPT, tasks, phones), source)
+        for s in asyncio.run(score(args.out / "warm", args.device, demos)):
+            results[f"{name} {s.mode}"] = {"parse": s.parse_rate, "match": s.match_rate}
+            print(
+                f"{name:>12} {s.mode:>7}: parse {s.parse_rate:6.1%}  match {s.match_rate:6.1%}"
+                f"  ({s.prompts} generations over {len(demos)} demonstrated turns)",
+                flush=True,
+            )
+    summary = {
+        "spec": args.spec,
+        "parameters": parameter_count(base),
+        "warm_start": report.to_json() | {"losses": None},
+        "scores": results,
+        "seconds": time.perf_counter() - started,
+    }
+    (args.out / "imitation.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
