@@ -316,14 +316,17 @@ def sim_source(
     swipe_style: str = "direction",
     sim_options: dict[str, Any] | None = None,
 ) -> tuple[Gym, Solver]:
-    """The embedded simulator (``SimGym(**sim_options)``, seed 0) and its solution paths
+    """The embedded simulator (``SimGym(**sim_options)``, seed 0, reward-only options left
+    out: demonstrations read success alone) and its solution paths
     (``SimExecution.solution_step``)."""
     from cua_native.gym.sim import SimGym
+    from cua_native.gym.sim.gym import REWARD_OPTIONS
 
     async def solve(execution: Any, task: Task) -> tuple[m.Action, str | None] | None:
         return execution.solution_step(swipe_style)  # type: ignore[no-any-return]
 
-    options = {**(sim_options or {}), "seed": 0}
+    kept = {k: v for k, v in (sim_options or {}).items() if k not in REWARD_OPTIONS}
+    options = {**kept, "seed": 0}
     return SimGym(executor=executor, **options), solve
 
 

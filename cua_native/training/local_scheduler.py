@@ -7,8 +7,8 @@ Three changes, nothing else of AReaL's scheduler is altered:
 - worker ports are not drawn from the run's seed. AReaL picks them with the global ``random``,
   which ``PPOTrainer`` seeds with ``config.seed`` just before: two runs of one seed started
   together on one machine chose the same ports, and a port stays unbound until its worker has
-  imported torch and AReaL, so the second run's check found it free. Ports come from fresh
-  entropy here and the run's random stream is left as it was;
+  imported torch and AReaL, so the second run's check found it free. Ports come from the OS's
+  entropy here (a private ``SystemRandom``); the process-wide ``random`` is not touched;
 - a forked worker's port is picked here too. AReaL asks the parent worker's guard
   (``/alloc_ports``), which draws it from *that* process's ``random``, seeded by ``/configure``
   with ``config.seed``: every run of one seed forked its eval rollout on the same port (16224
@@ -24,12 +24,17 @@ from types import TracebackType
 from typing import Any
 
 from areal.infra import LocalScheduler
+from areal.infra.scheduler.exceptions import PortAllocationError
+from areal.utils.network import is_port_free
 
 FORK_READY_TIMEOUT_S = 600.0
 """Seconds a forked worker gets to answer its readiness check (AReaL's default is 60 s; a
 loaded laptop or CI machine needs longer)."""
 
 ALLOC_PORTS_ROUTE = "/alloc_ports"
+PORT_RANGE = (10000, 32767)
+"""AReaL's ``find_free_ports`` range: below the OS's ephemeral ports (32768–60999 on Linux)."""
+PORT_ATTEMPTS_PER_PORT = 10
 
 
 class _Allocation:
@@ -78,6 +83,10 @@ class PatientLocalScheduler(LocalScheduler):
     """AReaL's local scheduler with patient forks and ports that do not follow the run's seed
     (see the module docstring)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._port_picker = random.SystemRandom()
+        super().__init__(*args, **kwargs)
+
     @staticmethod
     async def _wait_for_fork_ready(
         session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
@@ -88,13 +97,27 @@ class PatientLocalScheduler(LocalScheduler):
         return ready
 
     def _allocate_ports(self, count: int) -> list[int]:
-        state = random.getstate()
-        random.seed()  # from os.urandom
-        try:
-            ports: list[int] = super()._allocate_ports(count)
-            return ports
-        finally:
-            random.setstate(state)
+        """``count`` free ports of AReaL's range, drawn from the OS's entropy (a private
+        ``SystemRandom``: the process-wide ``random`` is neither read nor reseeded, so no other
+        thread's draws or seeding are disturbed), never one this scheduler already gave out."""
+        low, high = PORT_RANGE
+        ports: list[int] = []
+        tried: set[int] = set()
+        for _ in range(count * PORT_ATTEMPTS_PER_PORT):
+            if len(ports) == count:
+                break
+            port = self._port_picker.randint(low, high)
+            if port in tried or port in self._allocated_ports:
+                continue
+            tried.add(port)
+            if is_port_free(port):
+                ports.append(port)
+        if len(ports) < count:
+            raise PortAllocationError(
+                f"found {len(ports)} of {count} free ports in {low}-{high} after {len(tried)} tries"
+            )
+        self._allocated_ports.update(ports)
+        return sorted(ports)
 
     async def _fork_single_worker(
         self,

@@ -30,6 +30,7 @@ import torch
 
 from cua_native.actions.dialects import Dialect
 from cua_native.config import WarmStart
+from cua_native.gym.sim.gym import REWARD_OPTIONS
 from cua_native.rollout.dataset import TaskSource
 from cua_native.training.demos import (
     Demo,
@@ -41,10 +42,6 @@ from cua_native.training.demos import (
 
 WARM_START_MARKER = "cua_native_warm_start.json"
 """Written last into a finished warm-start directory (its report as JSON)."""
-
-
-_REWARD_OPTIONS = frozenset({"progress_reward"})
-"""Sim options that shape RL rewards only (a warm start made without them is the same model)."""
 
 
 def warm_start_key(
@@ -62,7 +59,7 @@ def warm_start_key(
         "warm_start": settings.model_dump(mode="json"),
         "prompt": prompt_overrides,
         # the reward shaping changes no demonstration
-        "sim": {k: v for k, v in sim_options.items() if k not in _REWARD_OPTIONS},
+        "sim": {k: v for k, v in sim_options.items() if k not in REWARD_OPTIONS},
         "tasks": tasks.model_dump(mode="json") if tasks is not None else None,
     }
     text = json.dumps(described, sort_keys=True, default=str)

@@ -123,3 +123,10 @@ def test_same_seed_runs_fork_on_different_ports(tmp_path: Path) -> None:
     ports = [_forked_port(PatientLocalScheduler, tmp_path / run) for run in ("a", "b", "c")]
     # three draws from ~22,000 ports: a repeat only by a ~1-in-7,000 chance
     assert len(set(ports)) == 3
+
+
+def test_a_scheduler_never_gives_a_port_twice(tmp_path: Path) -> None:
+    scheduler = _scheduler(PatientLocalScheduler, tmp_path)
+    first, second = scheduler._allocate_ports(50), scheduler._allocate_ports(50)
+    assert len(set(first) | set(second)) == 100
+    assert all(10000 <= p <= 32767 for p in first + second)

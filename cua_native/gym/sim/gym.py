@@ -10,9 +10,10 @@ to the size the model sees (``smart_resize`` of the screen for its pixel budget)
 builder has nothing to resize and the model gets the same geometry, drawn directly: a 160×384
 frame renders in a third of the time of a 1080×2400 one and holds 0.18 MB instead of 7.8 MB.
 
-``progress_reward`` (default 0: the reward is the task's success) gives failed episodes partial
+``progress_reward`` (default 0: the reward is the gym spec's, ``reward_from_result``: 1 for a
+success, a failure the weighted share of its validators that passed) gives failed episodes
 credit for the share of the task's solution path they covered (``gym.sim.progress``): reward =
-1 for a success, else ``progress_reward`` × progress. ``Evaluation.success`` is the validators'
+1 for a success, else the larger of the validators' share and ``progress_reward`` × progress. ``Evaluation.success`` is the validators'
 verdict either way, and ``Evaluation.raw["progress"]`` reports the progress when it is on.
 """
 
@@ -60,6 +61,11 @@ def parse_size(text: str) -> tuple[int, int]:
         raise ValueError(f"a size is WIDTHxHEIGHT, e.g. 160x384; got {text!r}") from None
     return width, height
 
+
+
+REWARD_OPTIONS = frozenset({"progress_reward"})
+"""``SimGym`` options that shape rewards only: screenshots, tasks and solutions are the same
+without them (demonstrations leave them out, and a warm start's cache key ignores them)."""
 
 class UnknownTask(GymError, LookupError):
     """The simulator has no task with that id."""
@@ -139,9 +145,13 @@ class SimExecution:
             }
             reward = reward_from_result(result, success)
             if self.start_distance is not None:
-                end = await self.gym.offload(self._distance)
-                result["progress"] = covered = progress(self.start_distance, end)
-                reward = shaped_reward(success, covered, self.gym.progress_reward)
+                if success:  # the path's end, whichever way it was reached
+                    covered = 1.0
+                else:
+                    end = await self.gym.offload(self._distance)
+                    covered = progress(self.start_distance, end)
+                result["progress"] = covered
+                reward = shaped_reward(success, covered, self.gym.progress_reward, reward)
             return Evaluation(
                 reward=reward,
                 success=success,

@@ -11,7 +11,8 @@ whichever turn it happens. A state the solver cannot finish from within ``limit`
 distance ``limit`` (no progress).
 
 ``SimGym(progress_reward=w)`` turns it into a reward: a successful episode is worth 1, a
-failed one ``w * progress`` (``w`` < 1, so any success beats any failure). Success itself is
+failed one the larger of its validators' partial credit (the reward without this option) and
+``w * progress`` (``w`` < 1, so any success beats any failure). Success itself is
 untouched: it is still the task's validators, and the evaluation reports progress apart
 (``Evaluation.raw["progress"]``).
 """
@@ -36,8 +37,12 @@ def solution_distance(
     task: Task, state: PhoneState, space: PixelSpace, limit: int = DEFAULT_LIMIT
 ) -> int:
     """Actions the solution still needs from ``state`` (its closing ``terminate`` or ``answer``
-    included; 0 once it has ended), at most ``limit``. ``state`` is not modified."""
+    included), at most ``limit``. ``state`` is not modified. How the episode ended is ignored:
+    an answer or a ``terminate`` the agent gave earns no credit of its own (a wrong answer or
+    giving up is not the end of the path; a right one is credited by success)."""
     probe = copy.deepcopy(state)
+    probe.answer = None
+    probe.terminated = None
     phone = Phone(probe, space, user_reply="")
     for taken in range(limit):
         step = next_step(task, probe, build_layout(probe))
@@ -58,6 +63,7 @@ def progress(start_distance: int, end_distance: int) -> float:
     return min(1.0, max(0.0, (start_distance - end_distance) / start_distance))
 
 
-def shaped_reward(success: bool, covered: float, weight: float) -> float:
-    """1 for a success, else ``weight * covered`` (``weight`` in [0, 1))."""
-    return 1.0 if success else weight * covered
+def shaped_reward(success: bool, covered: float, weight: float, partial: float = 0.0) -> float:
+    """1 for a success, else the larger of ``partial`` (the validators' credit) and
+    ``weight * covered`` (``weight`` in [0, 1)): progress never lowers a failure's reward."""
+    return 1.0 if success else max(partial, weight * covered)

@@ -267,6 +267,18 @@ def close_children(
     Answers the shares (before) of the rollouts it closed, read under their row locks, for
     ``Progress.refresh``."""
     message = f"training {status}"
+    sources = (
+        Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
+        | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
+        | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
+    )
+    # rollouts locked first, then steps: the order every ingest takes (``tally.py``)
+    open_rollouts = connection.execute(
+        select(Rollout.id, *SHARE_COLUMNS)
+        .where(sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None))
+        .order_by(Rollout.id)
+        .with_for_update(key_share=True)
+    ).all()
     open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
     connection.execute(
         update(Step)
@@ -282,17 +294,6 @@ def close_children(
             )
             .values(status=status, error_message=message, end_time=now, updated_at=now)
         )
-    sources = (
-        Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
-        | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
-        | Rollout.baseline_id.in_(select(Baseline.id).where(Baseline.training_id == training_id))
-    )
-    open_rollouts = connection.execute(
-        select(Rollout.id, *SHARE_COLUMNS)
-        .where(sources, Rollout.status.not_in(TERMINAL_ROLLOUT) | Rollout.status.is_(None))
-        .order_by(Rollout.id)
-        .with_for_update(key_share=True)
-    ).all()
     ids = [row.id for row in open_rollouts]
     for condition in where_in(connection, Environment.rollout_id, ids):
         connection.execute(

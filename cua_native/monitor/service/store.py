@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cua_native.monitor.ingest import IngestBatch, IngestError, parse_batch
@@ -30,6 +30,10 @@ from cua_native.monitor.service.progress import TERMINAL_ROLLOUT
 from cua_native.monitor.service.writer import BatchWriter
 
 SQLITE_FILE = "monitor.db"
+RETRIED_SQLSTATES = frozenset({"40P01", "40001"})
+"""PostgreSQL's deadlock_detected and serialization_failure: the server rolled the batch back
+and another attempt can succeed (two writers took row locks in opposite orders)."""
+INGEST_ATTEMPTS = 4
 
 
 def default_sqlite_url(run_dir: Path | str) -> str:
@@ -94,33 +98,51 @@ class MonitorStore:
     def ingest(self, batch: dict[str, Any] | IngestBatch) -> dict[str, Any]:
         """Apply one batch; answer ``{training_id?, kind: [{client_id, id}]}``.
 
-        Raises ``IngestError`` (nothing written) on any invalid record."""
+        Raises ``IngestError`` (nothing written) on any invalid record. A batch PostgreSQL
+        aborted as a deadlock or serialization failure (two writers locking rows in opposite
+        orders) is applied again, up to ``INGEST_ATTEMPTS`` times: every attempt is one
+        transaction, so a failed one left nothing behind."""
         try:
             parsed = batch if isinstance(batch, IngestBatch) else parse_batch(batch)
         except ValidationError as exc:
             raise IngestError(f"invalid batch: {exc}") from exc
         with self._write_lock:
-            try:
-                with self.engine.begin() as connection:
-                    if connection.dialect.name == "sqlite":
-                        # the write lock first: a batch's reads and writes are one snapshot
-                        # even when another process writes to the same file (``tally.py``)
-                        connection.exec_driver_sql("BEGIN IMMEDIATE")
-                    else:
-                        # a batch reads and writes only rows it names, by key: never let the
-                        # planner scan a table for them (it prefers to while tables are small
-                        # and its statistics young, and the cost then grows with every row)
-                        connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
-                    return BatchWriter(connection, self.screenshots).apply(parsed)
-            except IntegrityError as exc:
-                raise IngestError(f"batch violates a database rule: {exc.orig}") from exc
-            except ScreenshotError as exc:
-                raise IngestError(str(exc)) from exc
+            for attempt in range(1, INGEST_ATTEMPTS + 1):
+                try:
+                    return self._apply(parsed)
+                except IntegrityError as exc:
+                    raise IngestError(f"batch violates a database rule: {exc.orig}") from exc
+                except ScreenshotError as exc:
+                    raise IngestError(str(exc)) from exc
+                except DBAPIError as exc:
+                    if attempt == INGEST_ATTEMPTS or not _retryable(exc):
+                        raise
+            raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _apply(self, parsed: IngestBatch) -> dict[str, Any]:
+        """One transaction: the whole batch, or nothing (rolled back on any error)."""
+        with self.engine.begin() as connection:
+            if connection.dialect.name == "sqlite":
+                # the write lock first: a batch's reads and writes are one snapshot
+                # even when another process writes to the same file (``tally.py``)
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                # a batch reads and writes only rows it names, by key: never let the
+                # planner scan a table for them (it prefers to while tables are small
+                # and its statistics young, and the cost then grows with every row)
+                connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            return BatchWriter(connection, self.screenshots).apply(parsed)
 
     async def aingest(self, batch: dict[str, Any] | IngestBatch) -> dict[str, Any]:
         """``ingest`` on the store's writer thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._writer, self.ingest, batch)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """A deadlock or serialization failure: PostgreSQL aborted the transaction, not the batch's
+    fault (``RETRIED_SQLSTATES``)."""
+    return getattr(exc.orig, "sqlstate", None) in RETRIED_SQLSTATES
 
 
 __all__ = [

@@ -15,7 +15,10 @@ Correct with concurrent writers (PostgreSQL, READ COMMITTED) because:
   batch's write; its share after is read back from the database once the batch is written;
 - a step's tallies are read under the step row's lock and written in the same transaction, and
   its groups' counters are changed only while that lock is held;
-- locks are taken rollouts → steps → groups, each set in key order.
+- locks are taken rollouts → steps → groups, each set in key order, by a batch of rollouts and
+  by a training's close; a batch that also updates step rows locks those steps before its
+  rollouts, so two writers can still deadlock. PostgreSQL then aborts one transaction and the
+  store applies that batch again (``MonitorStore.ingest``); nothing is half-written.
 
 SQLite has one writer at a time (the store begins its ingest transactions ``IMMEDIATE``).
 """

@@ -18,6 +18,7 @@ def test_progress_and_shaped_reward_arithmetic() -> None:
     assert shaped_reward(True, 0.0, 0.5) == 1.0  # success is worth 1 whatever the path
     assert shaped_reward(False, 2 / 3, 0.5) == pytest.approx(1 / 3)
     assert shaped_reward(False, 1.0, 0.0) == 0.0
+    assert shaped_reward(False, 0.2, 0.5, partial=0.5) == 0.5  # never below the validators' share
 
 
 async def test_distance_counts_the_remaining_solution_and_leaves_the_state_alone() -> None:
@@ -66,3 +67,30 @@ async def test_progress_reward_off_by_default_and_checked() -> None:
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="progress_reward"):
             SimGym(progress_reward=bad)
+
+
+async def test_a_wrong_answer_or_giving_up_earns_no_credit_for_ending() -> None:
+    gym = SimGym(seed=0, width=270, height=600, progress_reward=0.5)
+    task = await gym.get_task("sim-021")  # find Olga Rossi's number, then answer it
+    wrong = await gym.start(task)
+    start = wrong.start_distance
+    assert start is not None and start >= 2
+    await wrong.act(m.Answer(text="000"))
+    evaluation = await wrong.evaluate()
+    assert evaluation.success is False
+    assert evaluation.raw["progress"] == 0.0 and evaluation.reward == 0.0
+    await wrong.close()
+    given_up = await gym.start(task)
+    await given_up.act(m.Terminate(status="failure"))
+    assert (await given_up.evaluate()).raw["progress"] == 0.0
+    await given_up.close()
+
+
+async def test_progress_keeps_the_validators_partial_credit() -> None:
+    gym = SimGym(seed=0, width=270, height=600, progress_reward=0.5)
+    task = await gym.get_task("sim-012")  # airplane mode on, then Wi-Fi back on: two validators
+    execution = await gym.start(task)
+    evaluation = await execution.evaluate()  # Wi-Fi is on already: one validator of two passes
+    assert evaluation.success is False
+    assert evaluation.reward == pytest.approx(0.5)
+    await execution.close()

@@ -464,3 +464,50 @@ def test_step_figures_survive_repeated_and_duplicate_updates(store: MonitorStore
             assert step.num_trajectories == len(done)
             assert step.reward_mean == pytest.approx(mean)
             assert step.reward_std == pytest.approx(std)
+
+
+class _Aborted(Exception):
+    """A driver error as psycopg raises it, with PostgreSQL's SQLSTATE."""
+
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"SQLSTATE {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+def _fail_first(store: MonitorStore, monkeypatch: pytest.MonkeyPatch, sqlstate: str) -> list[int]:
+    from sqlalchemy.exc import OperationalError
+
+    calls: list[int] = []
+    real = store._apply
+
+    def apply(parsed: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 1:
+            with store.engine.begin() as connection:  # a transaction, rolled back as PG does
+                connection.execute(text("SELECT 1"))
+                raise OperationalError("INSERT ...", {}, _Aborted(sqlstate))
+        return real(parsed)
+
+    monkeypatch.setattr(store, "_apply", apply)
+    return calls
+
+
+def test_a_batch_aborted_as_a_deadlock_is_applied_again(
+    store: MonitorStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fail_first(store, monkeypatch, "40P01")  # deadlock_detected
+    answer = store.ingest(base_batch())
+    assert len(calls) == 2 and answer["training_id"]
+    with store.session() as session:
+        assert session.scalar(select(func.count()).select_from(Training)) == 1
+
+
+def test_other_database_errors_are_not_retried(
+    store: MonitorStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    calls = _fail_first(store, monkeypatch, "53100")  # disk_full
+    with pytest.raises(OperationalError):
+        store.ingest(base_batch())
+    assert len(calls) == 1
