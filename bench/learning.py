@@ -142,10 +142,12 @@ def summarize(jobs: list[Job], min_gain: float) -> bool:
         gain = evals.get("gain") if evals else None
         if gain is None:
             ok = False
-            print(
-                f"{job.variant:<18} {job.seed:>4}  failed (exit {job.returncode}); "
-                f"see {job.run_dir / 'train.log'}"
+            why = (
+                f"failed (exit {job.returncode})"
+                if job.returncode != 0
+                else "no gain: the run made no evaluation after its baseline (cua.eval_every=0?)"
             )
+            print(f"{job.variant:<18} {job.seed:>4}  {why}; see {job.run_dir / 'train.log'}")
             continue
         good = gain["difference"] >= min_gain and gain["low"] > 0
         ok = ok and good

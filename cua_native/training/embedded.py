@@ -282,6 +282,13 @@ class EmbeddedTrainer:
             1, len(train_tasks) // areal.train_dataset.batch_size
         )
         monitor.total_steps = total_steps
+        optim = areal.actor.optimizer
+        trainer_engine.schedule_lr(
+            optim.lr_scheduler_type,
+            total_steps,
+            warmup_proportion=optim.warmup_steps_proportion,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
         # A task played under several gym seeds is one task to the monitor.
         monitor.tasks(list({t.task_id: t for t in train_tasks + eval_tasks}.values()))
 

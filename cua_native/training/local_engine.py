@@ -86,6 +86,39 @@ class LocalTrainEngine(TrainEngine):
         self._version = 0
         self._inference: InferenceEngine | None = None
         self._initialized = True
+        self._lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    def schedule_lr(
+        self,
+        kind: str,
+        total_steps: int,
+        *,
+        warmup_proportion: float = 0.0,
+        min_lr_ratio: float = 0.0,
+    ) -> None:
+        """Anneal the learning rate over ``total_steps`` optimizer steps with AReaL's own
+        schedules (``OptimizerConfig.lr_scheduler_type``: ``constant`` | ``linear`` |
+        ``cosine``, after ``int(warmup_proportion * total_steps)`` warm-up steps), with the
+        functions AReaL's FSDP engine uses; ``lr_scheduler_step`` advances it."""
+        from areal.engine.fsdp_utils import get_cosine_schedule_with_warmup
+        from transformers import (
+            get_constant_schedule_with_warmup,
+            get_linear_schedule_with_warmup,
+        )
+
+        warmup = int(warmup_proportion * total_steps)
+        if kind == "cosine":
+            self._lr_scheduler = get_cosine_schedule_with_warmup(
+                self.optimizer, warmup, total_steps, min_lr_ratio=min_lr_ratio
+            )
+        elif kind == "linear":
+            self._lr_scheduler = get_linear_schedule_with_warmup(
+                self.optimizer, warmup, total_steps
+            )
+        elif kind == "constant":
+            self._lr_scheduler = get_constant_schedule_with_warmup(self.optimizer, warmup)
+        else:
+            raise ValueError(f"lr_scheduler_type {kind!r}: expected constant, linear or cosine")
 
     # ------------------------------------------------------------------ single process
     def create_process_group(self, parallel_strategy: Any = None) -> None:
@@ -218,7 +251,9 @@ class LocalTrainEngine(TrainEngine):
         }
 
     def lr_scheduler_step(self) -> None:
-        """Constant learning rate."""
+        """Advance the schedule set by ``schedule_lr`` (none: the rate stays constant)."""
+        if self._lr_scheduler is not None:
+            self._lr_scheduler.step()
 
     # ------------------------------------------------------------------ forward passes
     def _rows(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
@@ -243,7 +278,14 @@ class LocalTrainEngine(TrainEngine):
             rows.append(row)
         return rows
 
-    def _logits(self, row: dict[str, Any]) -> torch.Tensor:
+    def _logits(self, row: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The row's next-token logits where they are read, and those positions.
+
+        A row with a ``loss_mask`` needs only the positions around its trained tokens
+        (``_read_positions``); the model's head runs on those alone (``logits_to_keep``), a
+        few dozen of a thousand-token prompt. Returns
+        ``(logits [K, vocab], positions [K])``, or every position and ``None`` for a row
+        without a mask."""
         ids = row["input_ids"].to(self.device).unsqueeze(0)
         kwargs: dict[str, Any] = {}
         for key, value in (row.get("multi_modal_input") or {}).items():
@@ -251,18 +293,31 @@ class LocalTrainEngine(TrainEngine):
                 kwargs[key] = value.to(self.device)
         if "mm_token_type_ids" in row and "pixel_values" in kwargs:
             kwargs["mm_token_type_ids"] = row["mm_token_type_ids"].to(self.device).unsqueeze(0)
+        keep = _read_positions(row)
+        if keep is not None:
+            kwargs["logits_to_keep"] = keep.to(self.device)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
         logits: torch.Tensor = out.logits[0].float()
-        return logits
+        return logits, keep
 
     def _logprobs_entropy(
-        self, row: dict[str, Any], logits: torch.Tensor
+        self, row: dict[str, Any], logits: torch.Tensor, keep: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position log-prob of the next token and entropy, over the whole row (0 where
+        the logits were not computed: no loss reads those positions)."""
         labels = torch.roll(row["input_ids"].to(self.device), shifts=-1, dims=-1)
-        pair: tuple[torch.Tensor, torch.Tensor] = gather_logprobs_entropy(
-            logits, labels, temperature=self.temperature
+        if keep is None:
+            pair: tuple[torch.Tensor, torch.Tensor] = gather_logprobs_entropy(
+                logits, labels, temperature=self.temperature
+            )
+            return pair
+        keep = keep.to(self.device)
+        kept_logp, kept_entropy = gather_logprobs_entropy(
+            logits, labels[keep], temperature=self.temperature
         )
-        return pair
+        return _spread(kept_logp, keep, labels.shape[0]), _spread(
+            kept_entropy, keep, labels.shape[0]
+        )
 
     @torch.no_grad()
     def forward_batch(
@@ -275,7 +330,7 @@ class LocalTrainEngine(TrainEngine):
         batch = concat_padded_tensors(input_) if isinstance(input_, list) else input_
         out = torch.zeros(batch["attention_mask"].shape, dtype=torch.float32)
         for i, row in enumerate(self._rows(batch)):
-            logprobs, _ = self._logprobs_entropy(row, self._logits(row))
+            logprobs, _ = self._logprobs_entropy(row, *self._logits(row))
             out[i, : logprobs.shape[0]] = logprobs.cpu()
         return out
 
@@ -288,25 +343,35 @@ class LocalTrainEngine(TrainEngine):
         for mb in mb_list:
             for row in self._rows(mb):
                 with torch.set_grad_enabled(not forward_only):
-                    loss = process_output_fn(self._logits(row), row)
+                    # a caller-supplied output function reads logits at every position
+                    loss = process_output_fn(self._full_logits(row), row)
                 if not forward_only and loss is not None:
                     loss.backward()
+
+    def _full_logits(self, row: dict[str, Any]) -> torch.Tensor:
+        logits, _ = self._logits({k: v for k, v in row.items() if k != "loss_mask"})
+        return logits
 
     def _loss_of(
         self,
         row: dict[str, Any],
-        logits: torch.Tensor,
         loss_fn: Callable[..., torch.Tensor],
         weight: torch.Tensor,
         total_weight: torch.Tensor,
     ) -> torch.Tensor:
-        logprobs, entropy = self._logprobs_entropy(row, logits)
+        logits, keep = self._logits(row)
+        logprobs, entropy = self._logprobs_entropy(row, logits, keep)
+        length = logprobs.shape[0]
+        vocab_min = logits.detach().min(-1).values
+        vocab_max = logits.detach().max(-1).values
+        if keep is not None:
+            vocab_min, vocab_max = _spread(vocab_min, keep, length), _spread(vocab_max, keep, length)
         loss = loss_fn(
             logprobs,
             entropy,
             {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in row.items()},
-            vocab_min_logits=logits.detach().min(-1).values,
-            vocab_max_logits=logits.detach().max(-1).values,
+            vocab_min_logits=vocab_min,
+            vocab_max_logits=vocab_max,
         )
         return loss * (weight / total_weight)
 
@@ -326,7 +391,7 @@ class LocalTrainEngine(TrainEngine):
         for row, weight in zip(rows, weights, strict=True):
             if float(weight) == 0.0:
                 continue
-            self._loss_of(row, self._logits(row), loss_fn, weight, total).backward()
+            self._loss_of(row, loss_fn, weight, total).backward()
         return self.optimizer_step()
 
     @torch.no_grad()
@@ -343,7 +408,7 @@ class LocalTrainEngine(TrainEngine):
         if float(total) == 0.0:
             return None
         losses = [
-            self._loss_of(row, self._logits(row), loss_fn, weight, total)
+            self._loss_of(row, loss_fn, weight, total)
             for row, weight in zip(rows, weights, strict=True)
             if float(weight) > 0
         ]
@@ -391,3 +456,23 @@ class LocalTrainEngine(TrainEngine):
         if callable(should_accept_fn):
             batch = [b for b in batch if should_accept_fn(b)]
         return batch
+
+
+def _read_positions(row: dict[str, Any]) -> torch.Tensor | None:
+    """Positions whose next-token prediction a loss may read: ``t`` where ``loss_mask[t]`` or
+    ``loss_mask[t + 1]``. AReaL's callers pass the mask both ways: as collected (log-prob
+    recomputation, the SFT loss, which roll it themselves) and already rolled by
+    ``compute_advantages`` (the PPO update). ``None`` (all) for a row without a mask or with
+    an empty one."""
+    mask = row.get("loss_mask")
+    if not isinstance(mask, torch.Tensor):
+        return None
+    mask = mask.bool()
+    keep = (mask | torch.roll(mask, shifts=-1, dims=-1)).nonzero().flatten()
+    return keep if keep.numel() else None
+
+
+def _spread(values: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+    """``values`` at ``positions`` of a zero vector of ``length`` (differentiable)."""
+    out = values.new_zeros(length)
+    return out.index_put((positions,), values)

@@ -139,3 +139,85 @@ def test_optimizer_type_follows_areal_config() -> None:
         assert moved.tolist() == pytest.approx(expected, rel=1e-2, abs=1e-7)
     with pytest.raises(ValueError, match="optimizer type"):
         LocalTrainEngine(model, optimizer="lion")
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("constant", [1.0, 1.0, 1.0, 1.0]),
+        ("linear", [1.0, 0.75, 0.5, 0.25]),
+        # half a cosine from lr to min_lr_ratio * lr
+        ("cosine", [1.0, 0.8535534, 0.5, 0.1464466]),
+    ],
+)
+def test_lr_schedule_follows_areal_config(kind: str, expected: list[float]) -> None:
+    engine = LocalTrainEngine(torch.nn.Linear(3, 2), lr=2e-3)
+    engine.schedule_lr(kind, 4)
+    seen = []
+    for _ in range(4):
+        seen.append(engine.optimizer.param_groups[0]["lr"] / 2e-3)
+        engine.optimizer_step()
+        engine.lr_scheduler_step()
+    assert seen == pytest.approx(expected, abs=1e-6)
+
+
+def test_lr_schedule_warms_up_and_keeps_a_floor() -> None:
+    engine = LocalTrainEngine(torch.nn.Linear(3, 2), lr=1.0)
+    engine.schedule_lr("cosine", 10, warmup_proportion=0.2, min_lr_ratio=0.1)
+    seen = []
+    for _ in range(10):
+        seen.append(engine.optimizer.param_groups[0]["lr"])
+        engine.optimizer_step()
+        engine.lr_scheduler_step()
+    assert seen[:3] == pytest.approx([0.1, 0.55, 1.0])
+    assert min(seen) >= 0.1 and seen[-1] < 0.2
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        engine.schedule_lr("step", 10)
+
+
+def test_without_a_schedule_the_rate_stays() -> None:
+    engine = LocalTrainEngine(torch.nn.Linear(3, 2), lr=0.3)
+    for _ in range(3):
+        engine.lr_scheduler_step()
+    assert engine.optimizer.param_groups[0]["lr"] == 0.3
+
+
+def test_logits_only_where_the_loss_reads_them(
+    tiny_dir: Path, processor: Any, batch: list[dict[str, Any]]
+) -> None:
+    """The head runs on the positions around output tokens only; log-probs, the GRPO loss and
+    its gradient equal the full computation's, with the mask as collected (log-prob
+    recomputation) and as ``compute_advantages`` rolls it (the update)."""
+    from areal.trainer.ppo.actor import grpo_loss_fn
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32)
+    engine = LocalTrainEngine(model, processor=processor)
+    rows = engine._rows(batch[0])
+    for row in rows:
+        reads = torch.roll(row["loss_mask"].bool(), -1, -1)  # t predicts output token t + 1
+        logits, keep = engine._logits(row)
+        assert keep is not None and logits.shape[0] < reads.shape[0] // 10
+        kept, _ = engine._logprobs_entropy(row, logits, keep)
+        full, _ = engine._logprobs_entropy(row, engine._full_logits(row), None)
+        assert torch.allclose(kept[reads], full[reads], atol=1e-5)
+
+    def update_loss(use_keep: bool) -> tuple[float, list[torch.Tensor]]:
+        row = dict(rows[0])
+        rolled = torch.roll(row["loss_mask"], -1, -1)  # what compute_advantages stores
+        row["loss_mask"] = rolled
+        row["logprobs"] = torch.roll(row["logprobs"], -1, -1) * rolled
+        row["prox_logp"] = row["logprobs"]
+        row["advantages"] = torch.linspace(-1.0, 1.0, rolled.shape[0]) * rolled
+        engine.optimizer_zero_grad()
+        logits, keep = engine._logits(row) if use_keep else (engine._full_logits(row), None)
+        logprobs, entropy = engine._logprobs_entropy(row, logits, keep)
+        loss = grpo_loss_fn(logprobs, entropy, row, eps_clip=0.2, eps_clip_higher=None, c_clip=None)
+        loss.backward()
+        return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    kept_loss, kept_grads = update_loss(True)
+    full_loss, full_grads = update_loss(False)
+    assert kept_loss == pytest.approx(full_loss, abs=1e-6) and kept_loss != 0.0
+    assert len(kept_grads) == len(full_grads)
+    for a, b in zip(kept_grads, full_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
