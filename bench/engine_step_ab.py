@@ -12,30 +12,18 @@ medians and the ratio (this checkout / baseline; below 1 is faster).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 import torch
+from revision import load
 from transformers import AutoModelForImageTextToText
 
 from cua_native.engine import sampling, text_step
 from cua_native.engine.kv_arena import KVArena
 from cua_native.models.tiny import build_tiny_qwen3_vl
-
-
-def load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:

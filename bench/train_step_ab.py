@@ -16,33 +16,21 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from areal.trainer.ppo.actor import grpo_loss_fn
 from areal.utils.data import concat_padded_tensors
 from PIL import Image
+from revision import load
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from cua_native.models.tiny import build_tiny_qwen3_vl
 from cua_native.training import local_engine
-
-
-def load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_row(
