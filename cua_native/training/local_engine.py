@@ -278,14 +278,16 @@ class LocalTrainEngine(TrainEngine):
             rows.append(row)
         return rows
 
-    def _logits(self, row: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The row's next-token logits where they are read, and those positions.
+    def _logits(
+        self, row: dict[str, Any], *, every_position: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The row's next-token logits where they are read, and those positions (on the
+        engine's device).
 
         A row with a ``loss_mask`` needs only the positions around its trained tokens
         (``_read_positions``); the model's head runs on those alone (``logits_to_keep``), a
-        few dozen of a thousand-token prompt. Returns
-        ``(logits [K, vocab], positions [K])``, or every position and ``None`` for a row
-        without a mask."""
+        few dozen of a thousand-token prompt. Returns ``(logits [K, vocab], positions [K])``,
+        or every position and ``None`` for a row without a mask or with ``every_position``."""
         ids = row["input_ids"].to(self.device).unsqueeze(0)
         kwargs: dict[str, Any] = {}
         for key, value in (row.get("multi_modal_input") or {}).items():
@@ -293,9 +295,9 @@ class LocalTrainEngine(TrainEngine):
                 kwargs[key] = value.to(self.device)
         if "mm_token_type_ids" in row and "pixel_values" in kwargs:
             kwargs["mm_token_type_ids"] = row["mm_token_type_ids"].to(self.device).unsqueeze(0)
-        keep = _read_positions(row)
+        keep = None if every_position else _read_positions(row)
         if keep is not None:
-            kwargs["logits_to_keep"] = keep.to(self.device)
+            keep = kwargs["logits_to_keep"] = keep.to(self.device)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
         logits: torch.Tensor = out.logits[0].float()
         return logits, keep
@@ -311,7 +313,6 @@ class LocalTrainEngine(TrainEngine):
                 logits, labels, temperature=self.temperature
             )
             return pair
-        keep = keep.to(self.device)
         kept_logp, kept_entropy = gather_logprobs_entropy(
             logits, labels[keep], temperature=self.temperature
         )
@@ -344,13 +345,9 @@ class LocalTrainEngine(TrainEngine):
             for row in self._rows(mb):
                 with torch.set_grad_enabled(not forward_only):
                     # a caller-supplied output function reads logits at every position
-                    loss = process_output_fn(self._full_logits(row), row)
+                    loss = process_output_fn(self._logits(row, every_position=True)[0], row)
                 if not forward_only and loss is not None:
                     loss.backward()
-
-    def _full_logits(self, row: dict[str, Any]) -> torch.Tensor:
-        logits, _ = self._logits({k: v for k, v in row.items() if k != "loss_mask"})
-        return logits
 
     def _loss_of(
         self,
@@ -365,7 +362,10 @@ class LocalTrainEngine(TrainEngine):
         vocab_min = logits.detach().min(-1).values
         vocab_max = logits.detach().max(-1).values
         if keep is not None:
-            vocab_min, vocab_max = _spread(vocab_min, keep, length), _spread(vocab_max, keep, length)
+            vocab_min, vocab_max = (
+                _spread(vocab_min, keep, length),
+                _spread(vocab_max, keep, length),
+            )
         loss = loss_fn(
             logprobs,
             entropy,

@@ -198,7 +198,7 @@ def test_logits_only_where_the_loss_reads_them(
         logits, keep = engine._logits(row)
         assert keep is not None and logits.shape[0] < reads.shape[0] // 10
         kept, _ = engine._logprobs_entropy(row, logits, keep)
-        full, _ = engine._logprobs_entropy(row, engine._full_logits(row), None)
+        full, _ = engine._logprobs_entropy(row, *engine._logits(row, every_position=True))
         assert torch.allclose(kept[reads], full[reads], atol=1e-5)
 
     def update_loss(use_keep: bool) -> tuple[float, list[torch.Tensor]]:
@@ -209,7 +209,7 @@ def test_logits_only_where_the_loss_reads_them(
         row["prox_logp"] = row["logprobs"]
         row["advantages"] = torch.linspace(-1.0, 1.0, rolled.shape[0]) * rolled
         engine.optimizer_zero_grad()
-        logits, keep = engine._logits(row) if use_keep else (engine._full_logits(row), None)
+        logits, keep = engine._logits(row, every_position=not use_keep)
         logprobs, entropy = engine._logprobs_entropy(row, logits, keep)
         loss = grpo_loss_fn(logprobs, entropy, row, eps_clip=0.2, eps_clip_higher=None, c_clip=None)
         loss.backward()
