@@ -27,6 +27,7 @@ from cua_native.config import WarmStart, load_config
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
+from cua_native.rollout.factories import tokenizer_corpus
 from cua_native.training.demos import Demo, DemoSpec, collect_demos, source_for
 from cua_native.training.warm_start import FirstStepScore, score_first_steps, warm_start
 
@@ -75,7 +76,7 @@ def main() -> int:
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    base = build_tiny_qwen3_vl(args.out / "base", spec)
+    base = build_tiny_qwen3_vl(args.out / "base", spec, tokenizer_corpus())
     seen = list(warm.gym_seeds)
     source = source_for(FAMILY, SIM_OPTIONS)
     report = warm_start(

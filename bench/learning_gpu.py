@@ -22,6 +22,7 @@ from typing import Any
 from cua_native.config import WarmStart
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.rollout.dataset import TaskSource, select_tasks
+from cua_native.rollout.factories import tokenizer_corpus
 from cua_native.training.outcomes import paired_difference, task_interval
 
 BIG = TinySpec(
@@ -158,7 +159,7 @@ def main() -> int:
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    base = build_tiny_qwen3_vl(args.out / "base", BIG)
+    base = build_tiny_qwen3_vl(args.out / "base", BIG, tokenizer_corpus())
     params = parameter_count(base)
     print(f"model: {params / 1e6:.1f} M parameters", flush=True)
     train_ids, unseen_ids = split_ids()

@@ -23,21 +23,51 @@ TINY_MODEL_DIRNAME = "tiny-qwen3-vl"
 _READY_MARKER = "cua_native_tiny.json"
 
 
+def tokenizer_corpus() -> list[str]:
+    """What the tiny model's tokenizer is trained on: the generic GUI-agent text of
+    ``models.tiny.default_corpus``, every system prompt both dialects render, and the sim's
+    task instructions. A tokenizer that has seen the prompts splits them into words, as a real
+    checkpoint's does (the MAI-UI system prompt: ~450 tokens instead of ~850 nearly
+    character-level ones), so every prompt row is ~40 % shorter."""
+    from cua_native.gym.sim.tasks import catalogue
+    from cua_native.models.tiny import default_corpus
+    from cua_native.prompts import mai_ui, qwen3_vl
+    from cua_native.prompts.config import VARIANTS, PromptConfig
+
+    prompts: list[str] = []
+    for family, variants in VARIANTS.items():
+        render = mai_ui.system_prompt if family == "mai_ui" else qwen3_vl.system_prompt
+        for variant in variants:
+            try:
+                prompts.append(render(PromptConfig(family=family, variant=variant)))  # type: ignore[arg-type]
+            except ValueError:  # a variant that needs a screenshot to render
+                continue
+    instructions = [task.instruction for task in catalogue()]
+    return default_corpus() + prompts * 4 + instructions
+
+
 def tiny_model_dir(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny Qwen3-VL under ``cache_dir`` unless a complete copy is already there.
 
-    The build goes to a temporary sibling and is renamed into place, so a crash or a concurrent
-    builder never leaves a half-written model behind.
+    The directory's name carries a hash of the model's spec and tokenizer corpus, so a changed
+    build never reuses a stale copy. The build goes to a temporary sibling and is renamed into
+    place, so a crash or a concurrent builder never leaves a half-written model behind.
     """
+    import hashlib
+    import json
+
+    from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
+
+    spec, corpus = TinySpec(), tokenizer_corpus()
+    described = json.dumps({"spec": repr(spec), "corpus": corpus}, sort_keys=True)
+    name = f"{TINY_MODEL_DIRNAME}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
-    target = root / TINY_MODEL_DIRNAME
+    target = root / name
     if (target / _READY_MARKER).is_file():
         return target
-    from cua_native.models.tiny import build_tiny_qwen3_vl
-
     root.mkdir(parents=True, exist_ok=True)
-    scratch = root / f".{TINY_MODEL_DIRNAME}.{os.getpid()}"
-    build_tiny_qwen3_vl(scratch)
+    scratch = root / f".{name}.{os.getpid()}"
+    build_tiny_qwen3_vl(scratch, spec, corpus)
     try:
         scratch.rename(target)
     except OSError:
@@ -99,9 +129,11 @@ def model_dtype(model_path: str | Path) -> Any:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    text = config.get("dtype") or config.get("torch_dtype") or (
-        config.get("text_config") or {}
-    ).get("dtype")
+    text = (
+        config.get("dtype")
+        or config.get("torch_dtype")
+        or (config.get("text_config") or {}).get("dtype")
+    )
     value = getattr(torch, str(text), None) if text else None
     return value if isinstance(value, torch.dtype) else None
 

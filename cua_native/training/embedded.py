@@ -146,7 +146,12 @@ class EmbeddedTrainer:
 
         sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
         key = warm_start_key(
-            cua.agent.family, cua.warm_start, cua.agent.prompt, sim_options, tasks=cua.tasks
+            cua.agent.family,
+            cua.warm_start,
+            cua.agent.prompt,
+            sim_options,
+            tasks=cua.tasks,
+            base=model_dir.name,
         )
         target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{key}"
         if (target / WARM_START_MARKER).is_file():

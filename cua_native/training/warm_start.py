@@ -50,11 +50,14 @@ def warm_start_key(
     prompt_overrides: dict[str, Any],
     sim_options: dict[str, Any],
     tasks: TaskSource | None = None,
+    base: str = "",
 ) -> str:
     """A short hash of everything a warm-started model depends on, to name its cache entry
     (a config change must not silently reuse a model trained for another prompt, screen or
-    task selection)."""
+    task selection; ``base`` names the model it starts from, e.g. the tiny model's
+    fingerprinted directory)."""
     described = {
+        "base": base,
         "family": family,
         "warm_start": settings.model_dump(mode="json"),
         "prompt": prompt_overrides,

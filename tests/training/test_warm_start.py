@@ -196,6 +196,7 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
         warm_start_key(
             "mai_ui", WarmStart(), {"max_pixels": 65536}, {}, tasks=TaskSource(task_ids=["x"])
         ),
+        warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {}, base="tiny-qwen3-vl-1"),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     # a reward-only sim option changes no demonstration: the same warm start is reused
