@@ -26,17 +26,19 @@ from cua_native.rollout.factories import tokenizer_corpus
 from cua_native.training.outcomes import paired_difference, task_interval
 
 BIG = TinySpec(
-    hidden_size=512,
-    layers=8,
-    heads=8,
-    kv_heads=2,
+    hidden_size=768,
+    layers=4,
+    heads=12,
+    kv_heads=4,
     head_dim=64,
-    intermediate_size=2048,
-    vision_depth=4,
+    intermediate_size=3072,
+    vision_depth=2,
     vision_hidden_size=256,
     vision_heads=4,
     vision_intermediate_size=1024,
 )
+"""Wide and shallow: ~39 M parameters in four layers. The train engine runs row by row, so on
+a GPU a step's time follows the number of layers (kernel launches), not their width."""
 SIM_OPTIONS = {"screenshot_size": [160, 384]}
 PROMPT = {"max_pixels": 65536}
 EVAL_SEED = 1000

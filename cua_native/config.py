@@ -97,6 +97,12 @@ class CUASettings(BaseModel):
     last step; on the cluster path AReaL's ``evaluator.freq_steps`` is derived from it."""
     eval_episodes_per_task: int = Field(1, ge=1)
     """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
+    skip_uniform_groups: bool = False
+    """Embedded trainer: leave out of the update every group whose rows' rewards are all 0 after
+    the workflow's group normalisation (its episodes all earned the same reward). They carry
+    no policy gradient, only the update's cost (and, with ``actor.kl_ctl`` > 0, KL terms).
+    DAPO's dynamic-sampling filter without the resampling: the step trains on fewer groups,
+    and a step whose groups are all uniform makes no update (the weights' version stays)."""
     monitor_db: str | None = "sqlite"
     """``sqlite`` = ``<run_dir>/monitor.db``; a SQLAlchemy URL; or null for no store."""
     monitor_url: str | None = None

@@ -45,6 +45,9 @@ class StepSummary:
     reward_std: float
     turns_mean: float
     samples: int
+    uniform_groups: int = 0
+    """Groups whose episodes all earned the same reward (no GRPO signal); with
+    ``cua.skip_uniform_groups`` they are left out of the update."""
     loss: float | None = None
     grad_norm: float | None = None
     seconds: float = 0.0
@@ -111,6 +114,12 @@ def _eval_due(every: int, step: int, total_steps: int) -> bool:
     """Evaluate every ``every`` steps and after the last step (so the final model is always
     measured); never when ``every`` is 0."""
     return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
+
+
+def _carries_signal(group: dict[str, Any]) -> bool:
+    """Whether a group's rows have a non-zero (group-normalised) reward; equal rewards give
+    0 up to rounding (a mean of equal floats may differ from them in the last bit)."""
+    return bool(group["rewards"].abs().max() > 1e-6)
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
@@ -336,10 +345,15 @@ class EmbeddedTrainer:
             rows = [dict(task_row(t), global_step=step) for t in tasks]
             results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
             batch = [r for r in results if r is not None]
+            rejected = len(results) - len(batch)
+            uniform = sum(not _carries_signal(b) for b in batch)
+            if cua.skip_uniform_groups:
+                batch = [b for b in batch if _carries_signal(b)]
             summary = StepSummary(
                 step=step,
                 episodes=tally.completed,
-                rejected_groups=len(results) - len(batch),
+                rejected_groups=rejected,
+                uniform_groups=uniform,
                 success_rate=tally.success_rate,
                 reward_mean=tally.reward_mean,
                 reward_std=tally.reward_std,
@@ -376,6 +390,7 @@ class EmbeddedTrainer:
                 metrics={
                     "success_rate": summary.success_rate,
                     "rejected_groups": summary.rejected_groups,
+                    "uniform_groups": summary.uniform_groups,
                 },
                 status="completed",
             )

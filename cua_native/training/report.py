@@ -201,7 +201,8 @@ def print_report(report: TrainReport) -> None:
     print()
     print(
         f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
-        f"{'samples':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
+        f"{'samples':>7} {'flat':>5} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} "
+        f"{'sec':>6}"
     )
     for s in report.steps:
         loss = f"{s.loss:8.4f}" if s.loss is not None else f"{'-':>8}"
@@ -210,8 +211,8 @@ def print_report(report: TrainReport) -> None:
         grad = f"{s.grad_norm:7.3f}" if s.grad_norm is not None else f"{'-':>7}"
         print(
             f"{s.step:>4} {s.episodes:>8} {s.success_rate:>8.0%} {s.reward_mean:>8.3f} "
-            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {loss} {adv} {gap} {grad} "
-            f"{s.seconds:>6.1f}"
+            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {s.uniform_groups:>5} "
+            f"{loss} {adv} {gap} {grad} {s.seconds:>6.1f}"
         )
     print()
     for point in eval_points(report):

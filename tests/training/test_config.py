@@ -153,7 +153,7 @@ def test_sampling_is_the_one_place_temperatures_come_from(
 @pytest.mark.parametrize(
     ("config", "overrides", "freq_steps"),
     [
-        ("default.yaml", [], 4),
+        ("default.yaml", [], 8),
         ("default.yaml", ["cua.eval_every=3"], 3),
         ("default.yaml", ["cua.eval_every=0"], None),
         ("default.yaml", ["cua.eval_tasks=null"], None),

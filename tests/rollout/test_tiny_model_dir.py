@@ -1,0 +1,28 @@
+"""The embedded default's tiny model: a tokenizer that has seen the prompts, and a cache entry
+named after what was built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cua_native.models.tiny import build_tokenizer
+from cua_native.prompts import mai_ui
+from cua_native.rollout.factories import TINY_MODEL_DIRNAME, tiny_model_dir
+
+
+def test_the_system_prompt_tokenizes_into_words(processor: Any) -> None:
+    text = mai_ui.DEFAULT_PROMPT
+    ours = len(processor.tokenizer(text)["input_ids"])
+    generic = len(build_tokenizer()(text)["input_ids"])
+    # roughly a word per token, where the generic corpus leaves it nearly character-level
+    assert ours < 0.6 * generic
+    assert ours < len(text) / 3.5
+
+
+def test_cache_entry_is_named_by_the_build_and_reused(tiny_dir: Path) -> None:
+    assert (
+        tiny_dir.name.startswith(f"{TINY_MODEL_DIRNAME}-")
+        and len(tiny_dir.name) == len(TINY_MODEL_DIRNAME) + 13
+    )
+    assert tiny_model_dir(tiny_dir.parent) == tiny_dir
