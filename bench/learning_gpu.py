@@ -141,10 +141,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warm-steps", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warm-steps", type=int, default=400)
     parser.add_argument("--warm-batch", type=int, default=8)
-    parser.add_argument("--warm-lr", type=float, default=1e-3)
+    parser.add_argument("--warm-lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--warm-gym-seeds",
@@ -211,8 +211,11 @@ def main() -> int:
             "cua.agent.max_turns=10",
             "train_dataset.batch_size=6",
             "cua.agent.group_size=8",
-            "cua.eval_every=5",
+            f"cua.eval_every={args.steps}",
             "cua.eval_episodes_per_task=2",
+            "actor.optimizer.lr=1e-4",
+            "actor.recompute_logprob=false",
+            "cua.skip_uniform_groups=false",
             *args.overrides,
         ]
     )
