@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 if ! command -v uv >/dev/null 2>&1; then
   python3 -m pip install --quiet uv
 fi
-uv sync --frozen
+uv sync --frozen --compile-bytecode
 
 if [ -f .ci/services.sh ]; then
   # shellcheck source=/dev/null

@@ -32,14 +32,15 @@ def tokenizer_corpus() -> list[str]:
     from cua_native.gym.sim.tasks import catalogue
     from cua_native.models.tiny import default_corpus
     from cua_native.prompts import mai_ui, qwen3_vl
-    from cua_native.prompts.config import VARIANTS, PromptConfig
+    from cua_native.prompts.config import VARIANTS, Family, PromptConfig
 
+    families: tuple[Family, ...] = ("mai_ui", "qwen3_vl")
     prompts: list[str] = []
-    for family, variants in VARIANTS.items():
+    for family in families:
         render = mai_ui.system_prompt if family == "mai_ui" else qwen3_vl.system_prompt
-        for variant in variants:
+        for variant in VARIANTS[family]:
             try:
-                prompts.append(render(PromptConfig(family=family, variant=variant)))  # type: ignore[arg-type]
+                prompts.append(render(PromptConfig(family=family, variant=variant)))
             except ValueError:  # a variant that needs a screenshot to render
                 continue
     instructions = [task.instruction for task in catalogue()]
