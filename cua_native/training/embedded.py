@@ -346,9 +346,10 @@ class EmbeddedTrainer:
             results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
             batch = [r for r in results if r is not None]
             rejected = len(results) - len(batch)
-            uniform = sum(not _carries_signal(b) for b in batch)
+            signal = [_carries_signal(b) for b in batch]
+            uniform = signal.count(False)
             if cua.skip_uniform_groups:
-                batch = [b for b in batch if _carries_signal(b)]
+                batch = [b for b, has in zip(batch, signal, strict=True) if has]
             summary = StepSummary(
                 step=step,
                 episodes=tally.completed,
