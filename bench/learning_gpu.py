@@ -152,6 +152,12 @@ def main() -> int:
         default=4,
         help="phones (gym seeds 0..N-1) each training task is demonstrated on",
     )
+    parser.add_argument(
+        "--goal-in-thought",
+        action="store_true",
+        help="demonstrated thoughts restate the instruction (cua.warm_start.goal_in_thought); "
+        "pass cua.agent.sampling.max_new_tokens=128 with it",
+    )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()
 
@@ -172,6 +178,7 @@ def main() -> int:
         batch_size=args.warm_batch,
         seed=args.seed,
         gym_seeds=list(range(args.warm_gym_seeds)),
+        goal_in_thought=args.goal_in_thought,
     )
     report = warm_start(
         base,

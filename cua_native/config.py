@@ -78,6 +78,11 @@ class WarmStart(BaseModel):
     lr: float = Field(2e-3, gt=0.0)
     batch_size: int = Field(4, ge=1)
     seed: int = 0
+    goal_in_thought: bool = False
+    """Demonstrated thoughts restate the instruction before the step ("Goal: Turn on Wi-Fi.
+    Tap Wi-Fi."): the model learns to copy the goal, then to act on what it just wrote, so its
+    first choice follows the instruction ("Open Notes" opens Notes). Outputs grow by the
+    instruction's length: raise ``max_new_tokens`` to match (docs/design-notes.md, note 25)."""
     gym_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Simulator seeds the demonstrations are played under (each seed varies the phone's data,
     so the model sees the same task on several screens). The tasks are ``cua.tasks``'s."""

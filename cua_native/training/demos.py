@@ -51,6 +51,8 @@ class DemoSpec:
     prompt_overrides: dict[str, Any] = field(default_factory=dict)
     tasks: TaskSource = field(default_factory=lambda: TaskSource(split="train"))
     gym_seeds: tuple[int, ...] = (0,)
+    goal_in_thought: bool = False
+    """Begin each turn's thought with the task's instruction (see ``thought_for``)."""
     concurrency: int = 4
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Limit on every gym and prompt call."""
@@ -73,8 +75,16 @@ class Demo:
     """The AReaL row (batch dimension 1)."""
 
 
-def thought_for(action: m.Action, label: str | None = None) -> str:
-    """A short deterministic thought for ``action`` ("Tap Wi-Fi.")."""
+def thought_for(action: m.Action, label: str | None = None, goal: str | None = None) -> str:
+    """A short deterministic thought for ``action`` ("Tap Wi-Fi."); with ``goal`` (the task's
+    instruction) the thought restates it first ("Goal: Turn on Wi-Fi. Tap Wi-Fi."), so the
+    step's decision reads the instruction from the thought just written, a few tokens back,
+    instead of from the user turn hundreds of tokens back."""
+    said = _action_thought(action, label)
+    return f"Goal: {goal.strip()} {said}" if goal else said
+
+
+def _action_thought(action: m.Action, label: str | None) -> str:
     target = label or "the target"
     match action:
         case m.Click():
@@ -154,6 +164,7 @@ class DemoKit:
     stop_id: int
     summary: bool
     gconfig: GenerationHyperparameters
+    goal_in_thought: bool = False
 
 
 async def _timed(call: Any, limit: float, what: str) -> Any:
@@ -164,8 +175,11 @@ async def _timed(call: Any, limit: float, what: str) -> Any:
         raise DemoError(f"{what} timed out after {limit:.0f}s") from error
 
 
-def _target(kit: DemoKit, action: m.Action, label: str | None, size: tuple[int, int]) -> str:
-    text = format_target(kit.dialect, action, thought_for(action, label), size, kit.summary)
+def _target(
+    kit: DemoKit, action: m.Action, label: str | None, size: tuple[int, int], goal: str
+) -> str:
+    thought = thought_for(action, label, goal if kit.goal_in_thought else None)
+    text = format_target(kit.dialect, action, thought, size, kit.summary)
     parsed = kit.dialect.parse(text, image_size=size)
     step = kit.dialect.coordinate_step(size)
     if parsed.action is None or not same_action(parsed.action, action, step):
@@ -211,7 +225,7 @@ async def task_demos(
             built = await _timed(
                 kit.builder.build(task, list(history), prepared, kit.gconfig), timeout_s, "build"
             )
-            text = _target(kit, action, label, prepared.model_size)
+            text = _target(kit, action, label, prepared.model_size, task.instruction)
             target_ids = kit.tokenizer(text, add_special_tokens=False)["input_ids"]
             sample = demo_sample(
                 built.input_ids, built.multi_modal_input, [*target_ids, kit.stop_id], kit.tokens
@@ -289,6 +303,7 @@ def make_kit(processor: Any, spec: DemoSpec, executor: Any = None) -> DemoKit:
         stop_id=int(stop_id),
         summary=config.family == "qwen3_vl" and bool(config.response_format),
         gconfig=GenerationHyperparameters(n_samples=1),
+        goal_in_thought=spec.goal_in_thought,
     )
 
 

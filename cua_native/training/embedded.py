@@ -31,6 +31,7 @@ from cua_native.monitor.client.lifecycle import redact
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
 from cua_native.training.outcomes import TaskOutcomes
+from cua_native.training.task_order import TaskOrder
 
 logger = logging.getLogger(__name__)
 
@@ -330,15 +331,11 @@ class EmbeddedTrainer:
                 task_row,
             )
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
-        order: list[Task] = []
+        order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
         for step in bar:
             started = time.perf_counter()
-            if len(order) < batch_size:
-                fresh = list(train_tasks)
-                self.rng.shuffle(fresh)
-                order.extend(fresh)
-            tasks, order = order[:batch_size], order[batch_size:]
+            tasks = order.next_batch(batch_size)
             monitor.step_started(step)
             tally = EpisodeTally()
             flow = workflow("step", [tally])

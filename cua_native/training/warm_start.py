@@ -202,6 +202,7 @@ def warm_start(
         prompt_overrides=dict(prompt_overrides or {}),
         tasks=tasks or TaskSource(split="train"),
         gym_seeds=gym_seeds,
+        goal_in_thought=settings.goal_in_thought,
     )
     demo_start = time.perf_counter()
     demos = collect_demos(processor, spec, demo_source)

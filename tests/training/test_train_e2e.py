@@ -38,6 +38,7 @@ def _run_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         "cua.eval_every=2",
         "cua.tasks.limit=2",
         "cua.eval_tasks.limit=1",
+        "cua.eval_tasks.gym_seeds=[1000]",
         "train_dataset.batch_size=1",
         "saver.freq_steps=1",
         "cua.eval_episodes_per_task=3",

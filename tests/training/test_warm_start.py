@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,31 @@ def test_demos_are_exact_sft_rows(processor: Any, family: str, toy_source: Any) 
     second_prompt = tokenizer.decode(opening[1].sample["input_ids"][0, : opening[1].prompt_length])
     history_hint = "Tap Notes." if family == "mai_ui" else "Step 1"
     assert history_hint in second_prompt and opening[1].prompt_length > opening[0].prompt_length
+
+
+@pytest.mark.parametrize("family", ["mai_ui", "qwen3_vl"])
+def test_goal_in_thought_restates_the_instruction(
+    processor: Any, family: str, toy_source: Any
+) -> None:
+    tokenizer = processor.tokenizer
+    dialect = dialect_for(default_prompt_config(family))
+    spec = DemoSpec(family=family, tasks=ALL, goal_in_thought=True)
+    with_goal = collect_demos(processor, spec, toy_source)
+    plain = _demos(processor, family, toy_source)
+    tasks = asyncio.run(toy_source.gyms[0].list_tasks())
+    instructions = {t.task_id: t.instruction for t in tasks}
+    assert len(with_goal) == len(plain)
+    for goal, base in zip(with_goal, plain, strict=True):
+        said = f"Goal: {instructions[goal.task_id].strip()} "
+        assert said in goal.text and said not in base.text
+        assert goal.text.replace(said, "") == base.text  # the same turn, the goal in front
+        parsed = dialect.parse(goal.text, image_size=goal.image_size)
+        step = dialect.coordinate_step(goal.image_size)
+        assert parsed.ok and same_action(parsed.action, base.action, step)
+        target = goal.sample["input_ids"][0][goal.sample["loss_mask"][0].bool()].tolist()
+        assert tokenizer.decode(target[:-1], skip_special_tokens=False) == goal.text
+        if goal.step == 0:  # the first prompt is unchanged: only the written turn differs
+            assert goal.prompt_length == base.prompt_length
 
 
 def test_demos_are_deterministic(processor: Any, mai_demos: list[Demo], toy_source: Any) -> None:
@@ -193,6 +219,7 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
         warm_start_key("mai_ui", WarmStart(), {"max_pixels": 4096}, {}),
         warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {"screenshot_size": [1, 2]}),
         warm_start_key("mai_ui", WarmStart(gym_seeds=[0, 1]), {"max_pixels": 65536}, {}),
+        warm_start_key("mai_ui", WarmStart(goal_in_thought=True), {"max_pixels": 65536}, {}),
         warm_start_key(
             "mai_ui", WarmStart(), {"max_pixels": 65536}, {}, tasks=TaskSource(task_ids=["x"])
         ),
