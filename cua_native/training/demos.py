@@ -114,13 +114,16 @@ def _action_thought(action: m.Action, label: str | None) -> str:
 
 
 def format_target(
-    dialect: Dialect, action: m.Action, thought: str, image_size: tuple[int, int], summary: bool
+    dialect: Dialect,
+    action: m.Action,
+    thought: str,
+    image_size: tuple[int, int],
+    summary: str | None,
 ) -> str:
     """The dialect's text for ``action``; Qwen prompts with a response format also get the
-    ``Action: "…"`` summary line."""
-    return dialect.format(
-        action, thought=thought, summary=thought if summary else None, image_size=image_size
-    )
+    ``Action: "…"`` summary line (``summary``: what the step does, never the goal, since
+    later prompts list the summaries as the history)."""
+    return dialect.format(action, thought=thought, summary=summary, image_size=image_size)
 
 
 def demo_sample(
@@ -178,8 +181,9 @@ async def _timed(call: Any, limit: float, what: str) -> Any:
 def _target(
     kit: DemoKit, action: m.Action, label: str | None, size: tuple[int, int], goal: str
 ) -> str:
-    thought = thought_for(action, label, goal if kit.goal_in_thought else None)
-    text = format_target(kit.dialect, action, thought, size, kit.summary)
+    said = thought_for(action, label)
+    thought = thought_for(action, label, goal) if kit.goal_in_thought else said
+    text = format_target(kit.dialect, action, thought, size, said if kit.summary else None)
     parsed = kit.dialect.parse(text, image_size=size)
     step = kit.dialect.coordinate_step(size)
     if parsed.action is None or not same_action(parsed.action, action, step):
