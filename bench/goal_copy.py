@@ -53,11 +53,15 @@ async def score(model_dir: Path, demos: list[Demo], family: str) -> dict[str, li
             )
             text = decode_output(engine.tokenizer, list(response.output_tokens), stops)
             parsed = dialect.parse(text, image_size=demo.image_size)
-            right = parsed.ok and parsed.action is not None
+            right = (
+                parsed.ok
+                and parsed.action is not None
+                and same_action(parsed.action, demo.action, 0.05)
+            )
             row = counts[demo.task_id]
             row[0] += 1
             row[1] += f"Goal: {instructions[demo.task_id]}" in text
-            row[2] += bool(right and same_action(parsed.action, demo.action, 0.05))
+            row[2] += right
     finally:
         await asyncio.to_thread(engine.destroy)
     return counts
