@@ -6,8 +6,8 @@ locally), warm-started on every training-split sim task, then GRPO with more tas
 Every step plays every training task (26 tasks x 4 episodes, each task on its next phone), as
 the embedded default does; no KL term (no reference forward per row: a step costs ~20 s on an
 H100 instead of ~35 s), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing
-episodes). The evaluation plays every task 4 times (132 episodes; a run took 453 s with 4, 448-459 s
-with 2).
+episodes). The evaluation plays every task 4 times (132 episodes; a run took 453 s with 4,
+448-459 s with 2).
 Figures: docs/design-notes.md, note 26; logs in bench/results/learning_note26/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
