@@ -6,7 +6,7 @@ the thought's restated goal is the task's own instruction, and how often the act
 
 The model must have been warm-started with ``cua.warm_start.goal_in_thought`` (thoughts begin
 "Goal: <instruction>"). Every demonstrated turn of the embedded default's tasks on ``--phones``
-is generated greedily with ``engine.agenerate`` from the demonstrated history (teacher-forced);
+is generated greedily (``warm_start.demo_reply``) from the demonstrated history (teacher-forced);
 the restated goal counts as copied when the output contains "Goal: <the task's instruction>".
 Figures: docs/design-notes.md, note 26.
 """
@@ -22,48 +22,43 @@ from cua_native.config import load_config
 from cua_native.gym.sim.tasks import catalogue
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action, source_for
+from cua_native.training.warm_start import demo_reply
 
 
 async def score(model_dir: Path, demos: list[Demo], family: str) -> dict[str, list[int]]:
     """Per task: [turns, goal copied, action right]."""
     from areal.api.cli_args import GenerationHyperparameters
-    from areal.api.io_struct import ModelRequest
 
     from cua_native.engine import InProcessEngine
-    from cua_native.rollout.agent import decode_output
     from cua_native.rollout.factories import stop_token_ids
 
     instructions = {t.task_id: t.instruction.strip() for t in catalogue()}
     dialect = dialect_for(default_prompt_config(family))
     engine = await asyncio.to_thread(InProcessEngine.from_pretrained, model_dir, device="cpu")
-    stops = stop_token_ids(engine.tokenizer)
     gconfig = GenerationHyperparameters(
-        n_samples=1, max_new_tokens=128, greedy=True, stop_token_ids=stops
+        n_samples=1,
+        max_new_tokens=128,
+        greedy=True,
+        stop_token_ids=stop_token_ids(engine.tokenizer),
     )
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     try:
-        for demo in demos:
-            response = await engine.agenerate(
-                ModelRequest(
-                    input_ids=demo.sample["input_ids"][0, : demo.prompt_length].tolist(),
-                    gconfig=gconfig.new(),
-                    tokenizer=engine.tokenizer,
-                    metadata={"multi_modal_input": demo.sample["multi_modal_input"][0]},
-                )
-            )
-            text = decode_output(engine.tokenizer, list(response.output_tokens), stops)
-            parsed = dialect.parse(text, image_size=demo.image_size)
-            right = (
-                parsed.ok
-                and parsed.action is not None
-                and same_action(parsed.action, demo.action, 0.05)
-            )
-            row = counts[demo.task_id]
-            row[0] += 1
-            row[1] += f"Goal: {instructions[demo.task_id]}" in text
-            row[2] += right
+        texts = await asyncio.gather(
+            *(demo_reply(engine, demo, gconfig, engine.tokenizer) for demo in demos)
+        )
     finally:
         await asyncio.to_thread(engine.destroy)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for demo, text in zip(demos, texts, strict=True):
+        parsed = dialect.parse(text, image_size=demo.image_size)
+        right = (
+            parsed.ok
+            and parsed.action is not None
+            and same_action(parsed.action, demo.action, 0.05)
+        )
+        row = counts[demo.task_id]
+        row[0] += 1
+        row[1] += f"Goal: {instructions[demo.task_id]}" in text
+        row[2] += right
     return counts
 
 

@@ -255,6 +255,23 @@ class FirstStepScore:
         return self.matched / self.prompts if self.prompts else 0.0
 
 
+async def demo_reply(engine: Any, demo: Demo, gconfig: Any, tokenizer: Any) -> str:
+    """The model's text for ``demo``'s prompt (its demonstrated history, teacher-forced),
+    generated with ``engine.agenerate`` under ``gconfig`` and cut at its stop tokens."""
+    from areal.api.io_struct import ModelRequest
+
+    from cua_native.rollout.agent import decode_output
+
+    request = ModelRequest(
+        input_ids=demo.sample["input_ids"][0, : demo.prompt_length].tolist(),
+        gconfig=gconfig.new(),
+        tokenizer=tokenizer,
+        metadata={"multi_modal_input": demo.sample["multi_modal_input"][0]},
+    )
+    response = await engine.agenerate(request)
+    return decode_output(tokenizer, list(response.output_tokens), gconfig.stop_token_ids)
+
+
 async def score_first_steps(
     engine: Any,
     demos: Sequence[Demo],
@@ -269,29 +286,19 @@ async def score_first_steps(
     """Generate for every demo's prompt with ``engine.agenerate`` (AReaL's interface) and
     compare the parsed action with the demonstrated one; ``samples`` draws per prompt."""
     from areal.api.cli_args import GenerationHyperparameters
-    from areal.api.io_struct import ModelRequest
 
-    from cua_native.rollout.agent import decode_output
     from cua_native.rollout.factories import stop_token_ids
 
-    stops = stop_token_ids(tokenizer)
     gconfig = GenerationHyperparameters(
         n_samples=1,
         max_new_tokens=max_new_tokens,
         greedy=greedy,
         temperature=1.0,
-        stop_token_ids=stops,
+        stop_token_ids=stop_token_ids(tokenizer),
     )
 
     async def one(demo: Demo) -> tuple[bool, bool]:
-        request = ModelRequest(
-            input_ids=demo.sample["input_ids"][0, : demo.prompt_length].tolist(),
-            gconfig=gconfig.new(),
-            tokenizer=tokenizer,
-            metadata={"multi_modal_input": demo.sample["multi_modal_input"][0]},
-        )
-        response = await engine.agenerate(request)
-        text = decode_output(tokenizer, list(response.output_tokens), stops)
+        text = await demo_reply(engine, demo, gconfig, tokenizer)
         parsed = dialect.parse(text, image_size=demo.image_size)
         if not parsed.ok or parsed.action is None:
             return False, False
