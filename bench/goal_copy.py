@@ -8,7 +8,8 @@ The model must have been warm-started with ``cua.warm_start.goal_in_thought`` (t
 "Goal: <instruction>"). Every demonstrated turn of the embedded default's tasks on ``--phones``
 is generated greedily (``warm_start.demo_reply``) from the demonstrated history (teacher-forced);
 the restated goal counts as copied when the output contains "Goal: <the task's instruction>".
-Figures: docs/design-notes.md, note 26.
+``--examples`` prints each task's first reply beside its demonstrated text.
+Figures: docs/design-notes.md, notes 26-27.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action
 from cua_native.training.warm_start import demo_reply
 
 
-async def score(model_dir: Path, demos: list[Demo], family: str) -> dict[str, list[int]]:
-    """Per task: [turns, goal copied, action right]."""
+async def score(
+    model_dir: Path, demos: list[Demo], family: str, examples: bool = False
+) -> dict[str, list[int]]:
+    """Per task: [turns, goal copied, action right]; ``examples`` prints each task's first
+    reply against its demonstrated text."""
     from areal.api.cli_args import GenerationHyperparameters
 
     from cua_native.engine import InProcessEngine
@@ -56,6 +60,9 @@ async def score(model_dir: Path, demos: list[Demo], family: str) -> dict[str, li
             and same_action(parsed.action, demo.action, 0.05)
         )
         row = counts[demo.task_id]
+        if examples and row[0] == 0:
+            print(f"{demo.task_id} wrote: {text[:160]!r}")
+            print(f"{'':<{len(demo.task_id)}} demo:  {demo.text[:160]!r}")
         row[0] += 1
         row[1] += f"Goal: {instructions[demo.task_id]}" in text
         row[2] += right
@@ -68,6 +75,7 @@ def main() -> int:
     parser.add_argument("--phones", type=int, nargs="+", default=[1000, 1001, 1002, 1003])
     parser.add_argument("--task-ids", nargs="+", help="default: the embedded default's tasks")
     parser.add_argument("--family", default="mai_ui")
+    parser.add_argument("--examples", action="store_true", help="print each task's first reply")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"--model {args.model}: no config.json there (not a model directory)")
@@ -88,7 +96,7 @@ def main() -> int:
     )
     processor = AutoProcessor.from_pretrained(str(args.model))
     demos = collect_demos(processor, spec, source_for(args.family, options))
-    counts = asyncio.run(score(args.model, demos, args.family))
+    counts = asyncio.run(score(args.model, demos, args.family, args.examples))
     total = [0, 0, 0]
     print(f"{'task':<10} {'turns':>5} {'goal copied':>12} {'action right':>13}")
     for task_id, (turns, copied, right) in sorted(counts.items()):

@@ -1,14 +1,15 @@
 """Learning at scale on one GPU: a bigger Qwen3-VL (tens of millions of parameters, built
 locally), warm-started on every training-split sim task, then GRPO with more tasks and steps.
 
-    uv run python bench/learning_gpu.py --out runs/learning-gpu [--steps 14] [KEY=VALUE ...]
+    uv run python bench/learning_gpu.py --out runs/learning-gpu [--steps 30] [KEY=VALUE ...]
 
 Every step plays every training task (26 tasks x 4 episodes, each task on its next phone), as
 the embedded default does; no KL term (no reference forward per row: a step costs ~20 s on an
 H100 instead of ~35 s), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing
-episodes). The evaluation plays every task 4 times (132 episodes; a run took 453 s with 4,
-448-459 s with 2).
-Figures: docs/design-notes.md, note 26; logs in bench/results/learning_note26/.
+episodes). 30 steps, evaluated after steps 10, 20 and 30: the training tasks' success was
+still rising after 10 (805 s in all on an H100). The model's rotary base is 1e4, not
+Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
+Figures: docs/design-notes.md, notes 26-27; logs in bench/results/learning_note27/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
 training step uses, so one evaluation measures both: the **training tasks on new seeds** and
@@ -20,6 +21,7 @@ interval over tasks, and the gain over the baseline with a paired interval). Wri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -43,8 +45,9 @@ BIG = TinySpec(
     vision_hidden_size=256,
     vision_heads=4,
     vision_intermediate_size=1024,
+    rope_theta=10_000.0,
 )
-"""Wide and shallow: ~39 M parameters in four layers. The train engine runs row by row, so on
+"""Wide and shallow: 43.5 M parameters in four layers. The train engine runs row by row, so on
 a GPU a step's time follows the number of layers (kernel launches), not their width."""
 SIM_OPTIONS = {"screenshot_size": [160, 384]}
 PROMPT = {"max_pixels": 65536}
@@ -148,11 +151,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warm-steps", type=int, default=400)
     parser.add_argument("--warm-batch", type=int, default=8)
     parser.add_argument("--warm-lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--eval-every", type=int, default=10, help="evaluate every N steps and after the last"
+    )
+    parser.add_argument(
+        "--rope-theta",
+        type=float,
+        default=BIG.rope_theta,
+        help="the model's rotary base (Qwen3-VL's own is 5e6; note 27)",
+    )
     parser.add_argument(
         "--warm-gym-seeds",
         type=int,
@@ -174,7 +186,8 @@ def main() -> int:
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    base = build_tiny_qwen3_vl(args.out / "base", BIG, tokenizer_corpus())
+    spec = dataclasses.replace(BIG, rope_theta=args.rope_theta)
+    base = build_tiny_qwen3_vl(args.out / "base", spec, tokenizer_corpus())
     params = parameter_count(base)
     print(f"model: {params / 1e6:.1f} M parameters", flush=True)
     train_ids, unseen_ids = split_ids()
@@ -226,7 +239,7 @@ def main() -> int:
             f"train_dataset.batch_size={len(train_ids)}",
             "cua.agent.group_size=4",
             "cua.agent.sampling.max_new_tokens=96",
-            f"cua.eval_every={args.steps}",
+            f"cua.eval_every={args.eval_every}",
             "cua.eval_episodes_per_task=4",
             "actor.optimizer.lr=1e-4",
             "actor.kl_ctl=0",

@@ -64,6 +64,9 @@ class TinySpec:
     vision_hidden_size: int = 32
     vision_heads: int = 2
     vision_intermediate_size: int = 64
+    rope_theta: float = 5_000_000.0
+    """Rotary base: Qwen3-VL's own. With 8 rotary pairs, half of them barely turn over a
+    prompt's ~800 positions; ``bench/learning_gpu.py``'s model uses 1e4."""
     min_pixels: int = 16 * 32 * 32
     max_pixels: int = 128 * 32 * 32
     """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens). The
@@ -190,7 +193,7 @@ def build_model(
             "max_position_embeddings": 262144,
             "rope_parameters": {
                 "rope_type": "default",
-                "rope_theta": 5_000_000.0,
+                "rope_theta": spec.rope_theta,
                 "mrope_section": mrope,
                 "mrope_interleaved": True,
             },

@@ -33,6 +33,7 @@ from cua_native.config import WarmStart
 from cua_native.gym.sim.gym import REWARD_OPTIONS
 from cua_native.rollout.dataset import TaskSource
 from cua_native.training.demos import (
+    DEMO_FORMAT,
     Demo,
     DemoSource,
     DemoSpec,
@@ -58,6 +59,7 @@ def warm_start_key(
     fingerprinted directory)."""
     described = {
         "base": base,
+        "demo_format": DEMO_FORMAT,
         "family": family,
         "warm_start": settings.model_dump(mode="json"),
         "prompt": prompt_overrides,

@@ -26,3 +26,18 @@ def test_cache_entry_is_named_by_the_build_and_reused(tiny_dir: Path) -> None:
         and len(tiny_dir.name) == len(TINY_MODEL_DIRNAME) + 13
     )
     assert tiny_model_dir(tiny_dir.parent) == tiny_dir
+
+
+def test_the_rotary_base_is_the_specs() -> None:
+    from cua_native.models.tiny import TinySpec, build_model
+
+    tokenizer = build_tokenizer()
+    default = build_model(tokenizer, TinySpec(layers=1))
+    low = build_model(tokenizer, TinySpec(layers=1, rope_theta=10_000.0))
+    assert default.config.text_config.rope_parameters["rope_theta"] == 5_000_000.0
+    assert low.config.text_config.rope_parameters["rope_theta"] == 10_000.0
+    # the rotary module turns 8 pairs at theta ** (-i / 8): the second pair 1e4 ** -0.125
+    inv_freq = low.model.language_model.rotary_emb.inv_freq
+    assert inv_freq.shape == (8,)
+    assert abs(float(inv_freq[1]) - 10_000.0**-0.125) < 1e-6
+    assert float(default.model.language_model.rotary_emb.inv_freq[1]) < float(inv_freq[1])

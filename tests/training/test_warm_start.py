@@ -209,8 +209,11 @@ async def test_first_step_scores_count_parses_and_matches(
     assert sampled.prompts == 12 and sampled.matched == 6
 
 
-def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
+def test_warm_start_cache_key_follows_what_the_model_depends_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from cua_native.config import WarmStart
+    from cua_native.training import warm_start as module
     from cua_native.training.warm_start import warm_start_key
 
     base = warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {})
@@ -227,6 +230,10 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on() -> None:
         ),
         warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {}, base="tiny-qwen3-vl-1"),
     ]
+    # a new demonstration text format (``DEMO_FORMAT``) never reuses an old warm start
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "DEMO_FORMAT", module.DEMO_FORMAT + 1)
+        changed.append(warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {}))
     assert base not in changed and len(set(changed)) == len(changed)
     # a reward-only sim option changes no demonstration: the same warm start is reused
     assert base == warm_start_key(
