@@ -102,6 +102,9 @@ class CUASettings(BaseModel):
     last step; on the cluster path AReaL's ``evaluator.freq_steps`` is derived from it."""
     eval_episodes_per_task: int = Field(1, ge=1)
     """Episodes per eval task in the baseline and every evaluation (the eval group size)."""
+    eval_temperature: float | None = Field(None, ge=0.0)
+    """Sampling temperature of the baseline and every evaluation (default: the agent's,
+    ``agent.sampling.temperature``); lets training sample hotter than it is measured."""
     skip_uniform_groups: bool = False
     """Embedded trainer: leave out of the update every group whose rows' rewards are all 0 after
     the workflow's group normalisation (its episodes all earned the same reward). They carry
@@ -116,8 +119,14 @@ class CUASettings(BaseModel):
     device: str = "cpu"
 
     def eval_agent(self) -> AgentConfig:
-        """The agent of the baseline and evaluations: ``eval_episodes_per_task`` per group."""
-        return self.agent.model_copy(update={"group_size": self.eval_episodes_per_task})
+        """The agent of the baseline and evaluations: ``eval_episodes_per_task`` per group,
+        sampled at ``eval_temperature`` when that is set."""
+        update: dict[str, Any] = {"group_size": self.eval_episodes_per_task}
+        if self.eval_temperature is not None:
+            update["sampling"] = self.agent.sampling.model_copy(
+                update={"temperature": self.eval_temperature}
+            )
+        return self.agent.model_copy(update=update)
 
     def monitor_db_url(self) -> str | None:
         if self.monitor_db is None:
@@ -223,6 +232,7 @@ DERIVED: dict[str, str] = {
         for g in ("gconfig", "eval_gconfig")
         for name in SAMPLING_FIELDS
     },
+    "eval_gconfig.temperature": "cua.agent.sampling.temperature (or cua.eval_temperature)",
     "evaluator.freq_steps": "cua.eval_every",
 }
 """AReaL fields the loader sets from the ``cua`` section (value: the field they come from).
@@ -246,13 +256,16 @@ def _reject_derived(layers: list[_Layer]) -> None:
                 )
 
 
-def derive_sampling(areal: CUATrainConfig, sampling: SamplingConfig) -> None:
-    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED``."""
+def derive_sampling(
+    areal: CUATrainConfig, sampling: SamplingConfig, eval_sampling: SamplingConfig | None = None
+) -> None:
+    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED`` (``eval_gconfig`` from
+    ``eval_sampling``, the evaluations' own, when given)."""
     areal.actor.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-    for gconfig in (areal.gconfig, areal.eval_gconfig):
+    for gconfig, source in ((areal.gconfig, sampling), (areal.eval_gconfig, eval_sampling)):
         if gconfig is not None:
             for name in SAMPLING_FIELDS:
-                setattr(gconfig, name, getattr(sampling, name))
+                setattr(gconfig, name, getattr(source or sampling, name))
 
 
 def derive_eval_frequency(areal: CUATrainConfig, cua: CUASettings) -> None:
@@ -397,7 +410,7 @@ def load_config(
         cua = CUASettings.model_validate(areal.cua)
     except ValidationError as e:
         raise ConfigError(f"config error: {_describe(e, layers)}") from None
-    derive_sampling(areal, cua.agent.sampling)
+    derive_sampling(areal, cua.agent.sampling, cua.eval_agent().sampling)
     derive_eval_frequency(areal, cua)
     check_consistency(areal, cua)
     return LoadedConfig(areal=areal, cua=cua)

@@ -115,13 +115,14 @@ def plan_cluster_run(loaded: LoadedConfig, processor: Any = None) -> ClusterPlan
         except OSError as e:
             raise ConfigError(f"config error: actor.path: cannot load its processor ({e})") from None
     check_pixel_budget(loaded, processor)
-    agent = loaded.cua.agent.model_copy(update={"model_path": loaded.areal.actor.path})
+    path = {"model_path": loaded.areal.actor.path}
+    agent = loaded.cua.agent.model_copy(update=path)
     train_rows, eval_rows = asyncio.run(_rows(loaded))
     if not train_rows:
         raise ConfigError("config error: cua.tasks: selected no tasks from the gym; loosen its filters")
     prepare_areal_config(loaded, eval_rows)
 
-    eval_agent = agent.model_copy(update={"group_size": loaded.cua.eval_episodes_per_task})
+    eval_agent = loaded.cua.eval_agent().model_copy(update=path)
 
     def kwargs(source: str) -> dict[str, Any]:
         played = agent if source == "step" else eval_agent

@@ -150,6 +150,24 @@ def test_sampling_is_the_one_place_temperatures_come_from(
         assert gconfig.max_new_tokens == loaded.cua.agent.sampling.max_new_tokens
 
 
+def test_evaluations_may_sample_at_their_own_temperature() -> None:
+    """Training samples (and PPO's ratio is taken) at the agent's temperature; the baseline and
+    every evaluation, embedded or through AReaL's evaluator, at ``cua.eval_temperature``."""
+    loaded = load_config(
+        overrides=["cua.agent.sampling.temperature=1.0", "cua.eval_temperature=0.7"]
+    )
+    assert loaded.areal.actor.temperature == 1.0
+    assert loaded.areal.gconfig.temperature == 1.0
+    assert loaded.areal.eval_gconfig is not None and loaded.areal.eval_gconfig.temperature == 0.7
+    evaluated = loaded.cua.eval_agent()
+    assert evaluated.sampling.temperature == 0.7
+    assert evaluated.sampling.max_new_tokens == loaded.cua.agent.sampling.max_new_tokens
+    assert evaluated.group_size == loaded.cua.eval_episodes_per_task
+    unset = load_config(overrides=["cua.agent.sampling.temperature=0.9"])
+    assert unset.cua.eval_agent().sampling.temperature == 0.9
+    assert unset.areal.eval_gconfig is not None and unset.areal.eval_gconfig.temperature == 0.9
+
+
 @pytest.mark.parametrize(
     ("config", "overrides", "freq_steps"),
     [

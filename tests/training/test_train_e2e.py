@@ -150,6 +150,7 @@ def test_cluster_plan_against_a_real_gym_server(
             "actor.path=/models/MAI-UI-8B",
             # the tiny processor's budget stands in for MAI-UI-8B's
             "cua.agent.prompt.max_pixels=131072",
+            "cua.eval_temperature=0.25",
         ],
     )
     # the pixel budget is checked against the model's processor (the tiny model's stands in)
@@ -175,3 +176,11 @@ def test_cluster_plan_against_a_real_gym_server(
     assert workflow.config.gym.base_url == sim_server
     assert workflow.config.group_size == 8
     assert plan.eval_workflow_kwargs["config"]["group_size"] == loaded.cua.eval_episodes_per_task
+    # evaluations sample at cua.eval_temperature, training at the agent's temperature
+    assert plan.eval_workflow_kwargs["config"]["sampling"]["temperature"] == 0.25
+    assert plan.eval_workflow_kwargs["config"]["model_path"] == "/models/MAI-UI-8B"
+    assert (
+        plan.workflow_kwargs["config"]["sampling"]["temperature"]
+        == loaded.cua.agent.sampling.temperature
+        != 0.25
+    )
