@@ -257,15 +257,15 @@ def _reject_derived(layers: list[_Layer]) -> None:
 
 
 def derive_sampling(
-    areal: CUATrainConfig, sampling: SamplingConfig, eval_sampling: SamplingConfig | None = None
+    areal: CUATrainConfig, sampling: SamplingConfig, eval_sampling: SamplingConfig
 ) -> None:
-    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED`` (``eval_gconfig`` from
-    ``eval_sampling``, the evaluations' own, when given)."""
+    """Write ``cua.agent.sampling`` into the AReaL fields of ``DERIVED``; ``eval_gconfig``
+    gets ``eval_sampling``, the evaluations' own (``CUASettings.eval_agent``)."""
     areal.actor.temperature = sampling.temperature if sampling.temperature > 0 else 1.0
     for gconfig, source in ((areal.gconfig, sampling), (areal.eval_gconfig, eval_sampling)):
         if gconfig is not None:
             for name in SAMPLING_FIELDS:
-                setattr(gconfig, name, getattr(source or sampling, name))
+                setattr(gconfig, name, getattr(source, name))
 
 
 def derive_eval_frequency(areal: CUATrainConfig, cua: CUASettings) -> None:

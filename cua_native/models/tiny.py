@@ -65,8 +65,8 @@ class TinySpec:
     vision_heads: int = 2
     vision_intermediate_size: int = 64
     rope_theta: float = 5_000_000.0
-    """Rotary base: Qwen3-VL's own. With 8 rotary pairs, half of them barely turn over a
-    prompt's ~800 positions; ``bench/learning_gpu.py``'s model uses 1e4."""
+    """Rotary base: Qwen3-VL's own. With 8 rotary pairs, five of them turn less than once over
+    a prompt's ~800 positions; ``bench/learning_gpu.py``'s model uses 1e4 (design notes, 27)."""
     min_pixels: int = 16 * 32 * 32
     max_pixels: int = 128 * 32 * 32
     """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens). The
