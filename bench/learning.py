@@ -7,7 +7,7 @@ evaluation curve, its gain over the baseline with the paired 95 % interval, wall
     uv run python bench/learning.py --seeds 1 --variant "lr1e-3:actor.optimizer.lr=1e-3"
 
 ``--variant NAME[@SEED/SEED]:KEY=VALUE,...`` (repeatable) runs the seeds (or its own) again
-with config overrides, for ablations; ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
+with config overrides, for ablations (a value may be a list: ``cua.tasks.task_ids=[sim-001,sim-002]``); ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
 (``taskset``) with torch's threads set to match, so each run sees the 2-core target machine.
 Exits non-zero when a run fails or any run's gain is under ``--min-gain`` or its interval
 includes 0.
@@ -39,11 +39,23 @@ class Job:
     returncode: int | None = None
 
 
+def _top_level_split(text: str) -> list[str]:
+    """Split at the commas outside brackets: ``a=1,b=[x,y]`` → ``a=1``, ``b=[x,y]``."""
+    parts: list[str] = []
+    depth = start = 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
+
+
 def parse_variant(text: str) -> tuple[str, list[int] | None, list[str]]:
     """``NAME[@SEED/SEED...]:KEY=VALUE,...`` → name, its own seeds (or None), overrides."""
     head, _, rest = text.partition(":")
     name, _, seeds = head.partition("@")
-    overrides = [o.strip() for o in rest.split(",") if o.strip()]
+    overrides = [o.strip() for o in _top_level_split(rest) if o.strip()]
     if not name or any("=" not in o for o in overrides):
         raise SystemExit(f"--variant {text!r}: expected NAME[@S/S]:KEY=VALUE,KEY=VALUE")
     try:

@@ -171,7 +171,7 @@ def test_evaluations_may_sample_at_their_own_temperature() -> None:
 @pytest.mark.parametrize(
     ("config", "overrides", "freq_steps"),
     [
-        ("default.yaml", [], 8),
+        ("default.yaml", [], 24),
         ("default.yaml", ["cua.eval_every=3"], 3),
         ("default.yaml", ["cua.eval_every=0"], None),
         ("default.yaml", ["cua.eval_tasks=null"], None),
