@@ -7,8 +7,10 @@ evaluation curve, its gain over the baseline with the paired 95 % interval, wall
     uv run python bench/learning.py --seeds 1 --variant "lr1e-3:actor.optimizer.lr=1e-3"
 
 ``--variant NAME[@SEED/SEED]:KEY=VALUE,...`` (repeatable) runs the seeds (or its own) again
-with config overrides, for ablations (a value may be a list: ``cua.tasks.task_ids=[sim-001,sim-002]``); ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
+with config overrides, for ablations (a value may be a list: ``cua.tasks.task_ids=[sim-001,
+sim-002]``); ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
 (``taskset``) with torch's threads set to match, so each run sees the 2-core target machine.
+Overrides for every run go before ``--seeds`` (which takes every integer after it).
 Exits non-zero when a run fails or any run's gain is under ``--min-gain`` or its interval
 includes 0.
 """
