@@ -36,7 +36,7 @@ from cua_native.rollout.trajectory import VisionTokens, sequence_row
 logger = logging.getLogger(__name__)
 
 STOP_TOKEN = "<|im_end|>"
-DEMO_FORMAT = 2
+DEMO_FORMAT = 3
 """Version of the demonstrated text (``thought_for``, ``format_target``): part of the
 warm-start cache key, so bump it whenever a change alters what a demonstration says."""
 DEFAULT_TIMEOUT_S = 60.0

@@ -33,11 +33,11 @@ def test_the_rotary_base_is_the_specs() -> None:
 
     tokenizer = build_tokenizer()
     default = build_model(tokenizer, TinySpec(layers=1))
-    low = build_model(tokenizer, TinySpec(layers=1, rope_theta=10_000.0))
-    assert default.config.text_config.rope_parameters["rope_theta"] == 5_000_000.0
-    assert low.config.text_config.rope_parameters["rope_theta"] == 10_000.0
-    # the rotary module turns 8 pairs at theta ** (-i / 8): the second pair 1e4 ** -0.125
-    inv_freq = low.model.language_model.rotary_emb.inv_freq
-    assert inv_freq.shape == (8,)
-    assert abs(float(inv_freq[1]) - 10_000.0**-0.125) < 1e-6
-    assert float(default.model.language_model.rotary_emb.inv_freq[1]) < float(inv_freq[1])
+    qwen = build_model(tokenizer, TinySpec(layers=1, rope_theta=5_000_000.0))
+    assert default.config.text_config.rope_parameters["rope_theta"] == 10_000.0
+    assert qwen.config.text_config.rope_parameters["rope_theta"] == 5_000_000.0
+    # the rotary module turns head_dim / 2 = 16 pairs at theta ** (-2i / 32)
+    inv_freq = default.model.language_model.rotary_emb.inv_freq
+    assert inv_freq.shape == (16,)
+    assert abs(float(inv_freq[1]) - 10_000.0**-0.0625) < 1e-6
+    assert float(qwen.model.language_model.rotary_emb.inv_freq[1]) < float(inv_freq[1])

@@ -265,12 +265,16 @@ class SimGym:
         return known, state, solution_distance(known, state, space)
 
     def _initial_state(self, task: Task, seed: int) -> tuple[Task, PhoneState]:
-        """The task's seeded phone, set up as the task starts (pure; a millisecond or two of
-        CPU, which ``start`` runs off the event loop)."""
+        """The seeded phone, set up as the task starts (pure; a millisecond or two of CPU,
+        which ``start`` runs off the event loop). The phone's data depends on the seed alone:
+        every task on one phone starts from the same battery, contacts and notes, and differs
+        only in what its ``setup`` pins. Seeding it by task as well gave each task on a phone
+        its own status bar, which a policy could read instead of the instruction (design
+        notes, 29)."""
         known = self._tasks.get(task.task_id)
         if known is None:
             raise UnknownTask(f"the simulator has no task {task.task_id!r}")
-        rng = random.Random(f"{seed}:{task.task_id}")
+        rng = random.Random(f"phone:{seed}")
         state = new_state(rng)
 
         def open_page(target: str) -> None:

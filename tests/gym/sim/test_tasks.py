@@ -161,3 +161,32 @@ async def test_a_task_row_pins_its_phone_with_gym_seed(gym: SimGym) -> None:
     assert await screen(pinned, {"seed": 0}) == plain
     with pytest.raises(ValueError, match="seed must be an integer"):
         await gym.start(task.model_copy(update={"gym_seed": "x"}))
+
+
+@pytest.mark.parametrize("seed", [0, 7, 1000])
+async def test_one_phone_is_one_phone_whatever_the_task(small_gym: SimGym, seed: int) -> None:
+    """The phone's data depends on the seed, not on the task: two tasks that pin nothing the
+    home screen shows start from the same pixels, so only the instruction tells them apart (a
+    per-task phone let a policy read the task off the status bar; design notes, 29)."""
+    starts = []
+    for task_id in ("sim-005", "sim-014", "sim-015"):  # airplane mode, Notes, Clock: no setup
+        execution = await small_gym.start(await small_gym.get_task(task_id), {"seed": seed})
+        try:
+            starts.append(
+                (
+                    execution.state.battery,
+                    [c.name for c in execution.state.contacts],
+                    (await execution.observe()).screenshot.image.tobytes(),
+                )
+            )
+        finally:
+            await execution.close()
+    assert starts[0] == starts[1] == starts[2]
+    other = await small_gym.start(await small_gym.get_task("sim-014"), {"seed": seed + 1})
+    try:
+        assert (
+            other.state.battery != starts[0][0]
+            or [c.name for c in other.state.contacts] != starts[0][1]
+        )
+    finally:
+        await other.close()
