@@ -6,11 +6,12 @@ locally), warm-started on every training-split sim task, then GRPO with more tas
 Every step plays every training task (26 tasks x 4 episodes, each task on its next phone), as
 the embedded default does; no KL term (no reference forward per row: a step costs ~20 s on an
 H100 instead of ~35 s), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing
-episodes; at 1e-4 seed 2 collapsed in its last steps, at 5e-5 it held: pass
-``actor.optimizer.lr=5e-5`` to try it). 30 steps, evaluated after steps 10, 20 and 30. The
+episodes; on the simulator before note 29's fix seed 2 collapsed at 1e-4 in its last steps, and
+held at 5e-5, ``actor.optimizer.lr=5e-5``; since the fix it holds at 1e-4). 30 steps, evaluated
+after steps 10, 20 and 30. The
 model's rotary base is 1e4, not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every
 task 4 times (132 episodes).
-Figures: docs/design-notes.md, notes 26-28; logs in bench/results/learning_note2[6-8]/.
+Figures: docs/design-notes.md, notes 26-29; logs in bench/results/learning_note2[6-9]/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
 training step uses, so one evaluation measures both: the **training tasks on new seeds** and
