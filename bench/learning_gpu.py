@@ -8,9 +8,8 @@ the embedded default does; no KL term (no reference forward per row: a step cost
 H100 instead of ~35 s), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing
 episodes; on the simulator before note 29's fix seed 2 collapsed at 1e-4 in its last steps, and
 held at 5e-5, ``actor.optimizer.lr=5e-5``; since the fix it holds at 1e-4). 30 steps, evaluated
-after steps 10, 20 and 30. The
-model's rotary base is 1e4, not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every
-task 4 times (132 episodes).
+after steps 10, 20 and 30. The model's rotary base is 1e4, not Qwen3-VL's 5e6
+(``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
 Figures: docs/design-notes.md, notes 26-29; logs in bench/results/learning_note2[6-9]/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
