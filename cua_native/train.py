@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError) as error:
         print(f"train: stopped ({error or 'interrupted'}); recorded as cancelled", file=sys.stderr)
         return 143 if "SIGTERM" in str(error) else 130
-    print_report(report)
+    print_report(report, step_table=not args.no_progress)
     return 0
 
 

@@ -58,6 +58,27 @@ class StepSummary:
     adv_abs: float | None = None
     """Mean |advantage| over the step's output tokens (0 when every group had equal rewards)."""
 
+    def table_row(self) -> str:
+        """This step as a row under ``STEP_TABLE_HEADER``."""
+        loss = f"{self.loss:8.4f}" if self.loss is not None else f"{'-':>8}"
+        adv = f"{self.adv_abs:6.3f}" if self.adv_abs is not None else f"{'-':>6}"
+        gap = f"{self.logp_gap:7.1e}" if self.logp_gap is not None else f"{'-':>7}"
+        grad = f"{self.grad_norm:7.3f}" if self.grad_norm is not None else f"{'-':>7}"
+        return (
+            f"{self.step:>4} {self.episodes:>8} {self.success_rate:>8.0%} "
+            f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
+            f"{self.samples:>7} {self.uniform_groups:>5} {loss} {adv} {gap} {grad} "
+            f"{self.seconds:>6.1f}"
+        )
+
+
+STEP_TABLE_HEADER = (
+    f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
+    f"{'samples':>7} {'flat':>5} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
+)
+"""Columns of the step table: what ``print_report`` prints at the end of a run and, without
+progress bars, the trainer prints as each step finishes."""
+
 
 @dataclass(slots=True)
 class TrainReport:
@@ -330,9 +351,11 @@ class EmbeddedTrainer:
                 tally,
                 task_row,
             )
+            self._log(f"baseline: success {report.baseline_success:.0%}")
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
         order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
+        self._log(STEP_TABLE_HEADER)
         for step in bar:
             started = time.perf_counter()
             tasks = order.next_batch(batch_size)
@@ -397,6 +420,7 @@ class EmbeddedTrainer:
                 success=f"{summary.success_rate:.0%}",
                 loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
             )
+            self._log(summary.table_row())
             if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
                 tally = EpisodeTally()
                 outcomes = TaskOutcomes()
@@ -411,10 +435,17 @@ class EmbeddedTrainer:
                     tally,
                     task_row,
                 )
+                self._log(f"eval after step {step}: success {report.evals[step]:.0%}")
         report.eval_parse_errors = dict(self._parse_errors)
         if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
             report.checkpoint = await self._save(trainer_engine, processor)
         return report
+
+    def _log(self, line: str) -> None:
+        """Without progress bars (logs, ``bench/``), progress is a line per step and per
+        evaluation, printed as it happens: a run cut off still shows how far it got."""
+        if not self.progress:
+            print(line, flush=True)
 
     async def _run_eval(
         self,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cua_native.training.embedded import TrainReport
+from cua_native.training.embedded import STEP_TABLE_HEADER, TrainReport
 from cua_native.training.outcomes import Interval, paired_difference, task_interval
 
 
@@ -197,23 +197,14 @@ def _fmt_interval(i: Interval) -> str:
     return f"{i.estimate:.0%} (95% CI {i.low:.0%} to {i.high:.0%})"
 
 
-def print_report(report: TrainReport) -> None:
-    print()
-    print(
-        f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
-        f"{'samples':>7} {'flat':>5} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} "
-        f"{'sec':>6}"
-    )
-    for s in report.steps:
-        loss = f"{s.loss:8.4f}" if s.loss is not None else f"{'-':>8}"
-        adv = f"{s.adv_abs:6.3f}" if s.adv_abs is not None else f"{'-':>6}"
-        gap = f"{s.logp_gap:7.1e}" if s.logp_gap is not None else f"{'-':>7}"
-        grad = f"{s.grad_norm:7.3f}" if s.grad_norm is not None else f"{'-':>7}"
-        print(
-            f"{s.step:>4} {s.episodes:>8} {s.success_rate:>8.0%} {s.reward_mean:>8.3f} "
-            f"{s.reward_std:>6.3f} {s.turns_mean:>6.1f} {s.samples:>7} {s.uniform_groups:>5} "
-            f"{loss} {adv} {gap} {grad} {s.seconds:>6.1f}"
-        )
+def print_report(report: TrainReport, *, step_table: bool = True) -> None:
+    """The run's summary; ``step_table=False`` leaves out the step table (a run without
+    progress bars printed each row as its step finished)."""
+    if step_table:
+        print()
+        print(STEP_TABLE_HEADER)
+        for s in report.steps:
+            print(s.table_row())
     print()
     for point in eval_points(report):
         name = "baseline" if point.step < 0 else f"eval after step {point.step}"

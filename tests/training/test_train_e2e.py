@@ -66,6 +66,13 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     assert "run directory:" in out and "dashboard:" in out and "checkpoint:" in out
     assert (run_dir / "reward_curve.png").stat().st_size > 0
     assert "gain (last eval - baseline):" in out and "paired 95% CI over 1 tasks" in out
+    # without progress bars each step's row and each evaluation print as they happen, once
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.lstrip().startswith("step episodes")))
+    assert sum(line.lstrip().startswith("step episodes") for line in lines) == 1
+    assert lines[header - 1].startswith("baseline: success ")
+    rows = [line.split()[0] for line in lines[header + 1 : header + 4]]
+    assert rows == ["0", "1", "eval"], lines[header - 1 : header + 4]
     evals = json.loads((run_dir / "evals.json").read_text())
     assert [p["step"] for p in evals["points"]] == [-1, 1]
     checkpoint = run_dir / "checkpoints" / "version-2"
