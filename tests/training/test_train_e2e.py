@@ -68,7 +68,7 @@ def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     assert "gain (last eval - baseline):" in out and "paired 95% CI over 1 tasks" in out
     # without progress bars each step's row and each evaluation print as they happen, once
     lines = out.splitlines()
-    header = lines.index(next(line for line in lines if line.lstrip().startswith("step episodes")))
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("step episodes"))
     assert sum(line.lstrip().startswith("step episodes") for line in lines) == 1
     assert lines[header - 1].startswith("baseline: success ")
     rows = [line.split()[0] for line in lines[header + 1 : header + 4]]
