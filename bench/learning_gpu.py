@@ -178,6 +178,13 @@ def main() -> int:
         help="demonstrated thoughts restate the instruction (cua.warm_start.goal_in_thought); "
         "pass cua.agent.sampling.max_new_tokens=128 with it",
     )
+    parser.add_argument(
+        "--early-stop-share",
+        type=float,
+        default=0.0,
+        help="share of demonstrated paths that also stop early at one step "
+        "(cua.warm_start.early_stop_share; note 31)",
+    )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()
 
@@ -200,6 +207,7 @@ def main() -> int:
         seed=args.seed,
         gym_seeds=list(range(args.warm_gym_seeds)),
         goal_in_thought=args.goal_in_thought,
+        early_stop_share=args.early_stop_share,
     )
     report = warm_start(
         base,

@@ -83,6 +83,13 @@ class WarmStart(BaseModel):
     Tap Wi-Fi."): the model learns to copy the goal, then to act on what it just wrote, so its
     first choice follows the instruction ("Open Notes" opens Notes). Outputs grow by the
     instruction's length: raise ``max_new_tokens`` to match (docs/design-notes.md, note 25)."""
+    early_stop_share: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of solution paths that also carry an imperfect demonstrator's turn: at one step
+    drawn uniformly from the path's steps before its last, the demonstrator claims the task
+    done (``terminate(success)``) where the path goes on. The warm-started policy then stops
+    early there about as often as it goes on (the premature "done" of real agents), which the
+    gym's evaluation scores as a failure and RL must unlearn. 0: clean paths only. Drawn per
+    (seed, phone, task) from ``seed`` (docs/design-notes.md, note 31)."""
     gym_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Simulator seeds the demonstrations are played under (each seed varies the phone's data,
     so the model sees the same task on several screens). The tasks are ``cua.tasks``'s."""

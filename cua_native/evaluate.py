@@ -2,7 +2,8 @@
 
 Prints a table per task and in total; ``--json`` makes the LAST line one JSON object with
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
-kind), ``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
+kind), ``false_done`` (episodes the agent ended with ``terminate(success)`` that failed),
+``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
 an HTTP gym server that lists its executions still holds from this run: 0).
 It reads the training config through the same loader as ``train`` (``--config``, default
 ``configs/default.yaml``; its ``cua.agent`` is the agent, its monitor settings say where episodes
@@ -206,13 +207,16 @@ def render_table(results: Sequence[tuple[Task, EpisodeRun]]) -> tuple[str, Episo
     for task, run in results:
         per_task.setdefault(task.task_id, EpisodeTally()).episode_finished(run.record)
         total.episode_finished(run.record)
-    header = f"{'task':<28} {'eps':>4} {'ok':>4} {'rej':>4} {'succ':>6} {'reward':>7} {'turns':>6} {'perr':>5}"
+    header = (
+        f"{'task':<28} {'eps':>4} {'ok':>4} {'rej':>4} {'succ':>6} {'reward':>7} {'turns':>6} "
+        f"{'perr':>5} {'fdone':>5}"
+    )
     lines = [header, "-" * len(header)]
     for name, s in [*per_task.items(), ("TOTAL", total)]:
         lines.append(
             f"{name[:28]:<28} {s.episodes:>4} {s.completed:>4} {s.rejected:>4} "
             f"{s.success_rate:>6.2f} {s.reward_mean:>7.3f} {s.turns_mean:>6.2f} "
-            f"{sum(s.parse_errors.values()):>5}"
+            f"{sum(s.parse_errors.values()):>5} {s.false_done:>5}"
         )
     return "\n".join(lines), total
 
@@ -227,6 +231,7 @@ def summary_json(total: EpisodeTally, leaked: int) -> dict[str, Any]:
         "reward_mean": total.reward_mean,
         "turns_mean": total.turns_mean,
         "parse_errors": total.parse_errors,
+        "false_done": total.false_done,
         "token_mismatches": total.token_mismatches,
         "leaked_executions": leaked,
     }

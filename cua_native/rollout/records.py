@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from cua_native.actions.errors import ERROR_KINDS, ParsedOutput
+from cua_native.actions.models import Terminate
 from cua_native.gym.protocol import Evaluation, Observation, StepResult, Task
 
 Phase = Literal["create", "observe", "prompt", "generate", "parse", "act", "evaluate", "close"]
@@ -195,6 +196,14 @@ class FanoutObserver:
         self._each("episode_finished", record)
 
 
+def claimed_done(record: EpisodeRecord) -> bool:
+    """The agent ended ``record`` by declaring success (its last turn, ``terminate(success)``)."""
+    if record.end_reason != EndReason.TERMINATE or not record.turns:
+        return False
+    action = record.turns[-1].parsed.action
+    return isinstance(action, Terminate) and action.status == "success"
+
+
 @dataclass(slots=True)
 class EpisodeTally(NullObserver):
     """Counts finished episodes: the one tally of step summaries, evaluations and the
@@ -208,6 +217,9 @@ class EpisodeTally(NullObserver):
     parse_errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
     token_mismatches: int = 0
     reject_reasons: dict[str, int] = field(default_factory=dict)
+    false_done: int = 0
+    """Completed episodes the agent ended with ``terminate(success)`` that the gym's evaluation
+    failed: a premature or mistaken "done"."""
 
     def episode_finished(self, record: EpisodeRecord) -> None:
         if record.outcome == "rejected":
@@ -221,12 +233,18 @@ class EpisodeTally(NullObserver):
         self.successes += int(figures.success)
         self.rewards.append(figures.reward)
         self.turns.append(figures.turns)
+        self.false_done += int(claimed_done(record) and not figures.success)
         for kind, n in figures.parse_errors.items():
             self.parse_errors[kind] = self.parse_errors.get(kind, 0) + n
 
     @property
     def success_rate(self) -> float:
         return self.successes / self.completed if self.completed else 0.0
+
+    @property
+    def false_done_rate(self) -> float:
+        """Share of completed episodes that ended in a ``terminate(success)`` that failed."""
+        return self.false_done / self.completed if self.completed else 0.0
 
     @property
     def episodes(self) -> int:

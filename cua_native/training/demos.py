@@ -8,7 +8,9 @@ the stop token ``<|im_end|>``. A row is ``input_ids`` = prompt + target, ``loss_
 target tokens (stop token included), ``attention_mask``, ``mm_token_type_ids`` and
 ``multi_modal_input`` (batch dimension 1), the layout ``trajectory.turn_sample`` produces.
 
-Only paths whose execution evaluates as a success become demonstrations.
+Only paths whose execution evaluates as a success become demonstrations. With
+``DemoSpec.early_stop_share`` a share of them also carries one imperfect turn: a premature
+``terminate(success)`` on the prompt of one of their steps (``early_stop_draw``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +59,10 @@ class DemoSpec:
     gym_seeds: tuple[int, ...] = (0,)
     goal_in_thought: bool = False
     """Begin each turn's thought with the task's instruction (see ``thought_for``)."""
+    early_stop_share: float = 0.0
+    """Share of paths that also get an early ``terminate(success)`` turn (``early_stop_draw``)."""
+    seed: int = 0
+    """Seeds which paths stop early, and where."""
     concurrency: int = 4
     timeout_s: float = DEFAULT_TIMEOUT_S
     """Limit on every gym and prompt call."""
@@ -194,6 +201,22 @@ def _target(
     return text
 
 
+def early_stop_draw(spec: DemoSpec, task_id: str, gym_seed: int) -> random.Random | None:
+    """The random source that places this path's early stop, or ``None`` when the path stays
+    clean: each (seed, phone, task) path stops early with probability
+    ``spec.early_stop_share``, independently of every other path."""
+    if spec.early_stop_share <= 0.0:
+        return None
+    rng = random.Random(f"early-stop:{spec.seed}:{gym_seed}:{task_id}")
+    return rng if rng.random() < spec.early_stop_share else None
+
+
+def reservoir_keeps(rng: random.Random, seen: int) -> bool:
+    """Reservoir sampling of one item: keep the ``seen``-th item (1-based) with probability
+    ``1 / seen``. Over a stream of any length, the item kept last is uniform over it."""
+    return rng.randrange(seen) == 0
+
+
 class Solver(Protocol):
     """The next step of a task's solution path on the execution's current screen: the action
     and the label of the element it touches (for the thought), or ``None`` when done."""
@@ -204,11 +227,19 @@ class Solver(Protocol):
 
 
 async def task_demos(
-    gym: Gym, solver: Solver, task: Task, kit: DemoKit, gym_seed: int, timeout_s: float
+    gym: Gym,
+    solver: Solver,
+    task: Task,
+    kit: DemoKit,
+    gym_seed: int,
+    timeout_s: float,
+    early_stop: random.Random | None = None,
 ) -> list[Demo]:
     """Play ``task``'s solution path in a fresh execution; one ``Demo`` per step. A path that
     stops without ``answer``/``terminate`` gets ``terminate(success)`` as its last step, so the
-    model learns to end the episode.
+    model learns to end the episode. With ``early_stop``, one more ``Demo``: at a step drawn
+    uniformly (from ``early_stop``) among those before the last, ``terminate(success)`` on the
+    same prompt; the path itself is unchanged.
 
     Raises ``DemoError`` if the path does not end in a successful evaluation.
     """
@@ -220,6 +251,8 @@ async def task_demos(
         history: list[HistoryStep] = []
         observation: Observation = await _timed(execution.observe(), timeout_s, "observe")
         answer: str | None = None
+        stopped_early: Demo | None = None
+        candidates = 0
         limit = task.max_steps or 30
         for step in range(limit + 1):
             planned = await _timed(solver(execution, task), timeout_s, "solution step")
@@ -232,33 +265,23 @@ async def task_demos(
             built = await _timed(
                 kit.builder.build(task, list(history), prepared, kit.gconfig), timeout_s, "build"
             )
-            text = _target(kit, action, label, prepared.model_size, task.instruction)
-            target_ids = kit.tokenizer(text, add_special_tokens=False)["input_ids"]
-            sample = demo_sample(
-                built.input_ids, built.multi_modal_input, [*target_ids, kit.stop_id], kit.tokens
-            )
-            demos.append(
-                Demo(
-                    task_id=task.task_id,
-                    gym_seed=gym_seed,
-                    step=step,
-                    action=action,
-                    text=text,
-                    image_size=prepared.model_size,
-                    prompt_length=len(built.input_ids),
-                    sample=sample,
-                )
-            )
+            turn = _demo_turn(kit, task, gym_seed, step, (action, label), built, prepared)
+            demos.append(turn)
             if isinstance(action, m.Answer | m.Terminate):
                 answer = action.text if isinstance(action, m.Answer) else None
                 break
+            if early_stop is not None:  # uniform over the steps before the last
+                candidates += 1
+                if reservoir_keeps(early_stop, candidates):
+                    done = (m.Terminate(status="success"), None)
+                    stopped_early = _demo_turn(kit, task, gym_seed, step, done, built, prepared)
             result = await _timed(execution.act(action), timeout_s, "act")
-            parsed = kit.dialect.parse(text, image_size=prepared.model_size)
+            parsed = kit.dialect.parse(turn.text, image_size=prepared.model_size)
             history.append(
                 HistoryStep(
                     screenshot=prepared,
                     parsed=parsed,
-                    raw_text=text,
+                    raw_text=turn.text,
                     feedback=feedback_for(parsed, result),
                 )
             )
@@ -270,9 +293,37 @@ async def task_demos(
         evaluation = await _timed(execution.evaluate(answer), timeout_s, "evaluate")
         if not evaluation.success:
             raise DemoError(f"{task.task_id}: the solution path does not succeed ({evaluation})")
-        return demos
+        return demos if stopped_early is None else [*demos, stopped_early]
     finally:
         await close_execution(execution, timeout_s)
+
+
+def _demo_turn(
+    kit: DemoKit,
+    task: Task,
+    gym_seed: int,
+    step: int,
+    planned: tuple[m.Action, str | None],
+    built: Any,
+    prepared: Any,
+) -> Demo:
+    """The demonstrated turn ``planned`` (action, label) on the prompt ``built`` at ``step``."""
+    action, label = planned
+    text = _target(kit, action, label, prepared.model_size, task.instruction)
+    target_ids = kit.tokenizer(text, add_special_tokens=False)["input_ids"]
+    sample = demo_sample(
+        built.input_ids, built.multi_modal_input, [*target_ids, kit.stop_id], kit.tokens
+    )
+    return Demo(
+        task_id=task.task_id,
+        gym_seed=gym_seed,
+        step=step,
+        action=action,
+        text=text,
+        image_size=prepared.model_size,
+        prompt_length=len(built.input_ids),
+        sample=sample,
+    )
 
 
 async def generate_demos(
@@ -285,7 +336,8 @@ async def generate_demos(
     async def one(task: Task, seed: int) -> list[Demo]:
         async with gate:
             try:
-                return await task_demos(gym, solver, task, kit, seed, spec.timeout_s)
+                early_stop = early_stop_draw(spec, task.task_id, seed)
+                return await task_demos(gym, solver, task, kit, seed, spec.timeout_s, early_stop)
             except DemoError as error:
                 logger.warning("no demonstration for %s (seed %d): %s", task.task_id, seed, error)
                 return []

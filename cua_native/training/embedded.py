@@ -93,6 +93,8 @@ class TrainReport:
     eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
     eval_parse_errors: dict[int, float] = field(default_factory=dict)
     """Evaluation step (-1: baseline) → parse errors per model turn."""
+    eval_false_done: dict[int, float] = field(default_factory=dict)
+    """Evaluation step (-1: baseline) → share of episodes ended by a failed "done"."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
 
@@ -160,6 +162,7 @@ class EmbeddedTrainer:
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
         self._parse_errors: dict[int, float] = {}
+        self._false_done: dict[int, float] = {}
         self._ref: Any = None
         """A frozen copy of the starting model when ``actor.kl_ctl`` > 0."""
 
@@ -437,6 +440,7 @@ class EmbeddedTrainer:
                 )
                 self._log(f"eval after step {step}: success {report.evals[step]:.0%}")
         report.eval_parse_errors = dict(self._parse_errors)
+        report.eval_false_done = dict(self._false_done)
         if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
             report.checkpoint = await self._save(trainer_engine, processor)
         return report
@@ -479,9 +483,9 @@ class EmbeddedTrainer:
             "completed_tasks": tally.completed,
         }
         turns = sum(tally.turns)
-        self._parse_errors[-1 if kind == "baseline" else step] = (
-            sum(tally.parse_errors.values()) / turns if turns else 0.0
-        )
+        point = -1 if kind == "baseline" else step
+        self._parse_errors[point] = sum(tally.parse_errors.values()) / turns if turns else 0.0
+        self._false_done[point] = tally.false_done_rate
         if kind == "baseline":
             monitor.baseline_finished(**outcome)
         else:

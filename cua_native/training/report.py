@@ -89,6 +89,7 @@ def write_evals(report: TrainReport, path: Path) -> Path:
                 "high": p.rate.high,
                 "episodes": p.episodes,
                 "parse_errors_per_turn": report.eval_parse_errors.get(p.step),
+                "false_done": report.eval_false_done.get(p.step),
             }
             for p in eval_points(report)
         ],
@@ -210,6 +211,9 @@ def print_report(report: TrainReport, *, step_table: bool = True) -> None:
         name = "baseline" if point.step < 0 else f"eval after step {point.step}"
         errors = report.eval_parse_errors.get(point.step)
         shown = f", {errors:.0%} of turns unparseable" if errors is not None else ""
+        false_done = report.eval_false_done.get(point.step)
+        if false_done is not None:
+            shown += f", {false_done:.0%} ended in a failed done"
         print(
             f"{name + ':':<22} success {_fmt_interval(point.rate)}, "
             f"{point.episodes} episodes{shown}"

@@ -205,6 +205,8 @@ def warm_start(
         tasks=tasks or TaskSource(split="train"),
         gym_seeds=gym_seeds,
         goal_in_thought=settings.goal_in_thought,
+        early_stop_share=settings.early_stop_share,
+        seed=settings.seed,
     )
     demo_start = time.perf_counter()
     demos = collect_demos(processor, spec, demo_source)

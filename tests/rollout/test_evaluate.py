@@ -36,7 +36,8 @@ def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path
     assert summary["completed"] + summary["rejected"] == 3
     assert summary["leaked_executions"] == 0
     assert set(summary["parse_errors"]) >= {"format", "tool_name", "tool_arg"}
-    assert {"success_rate", "turns_mean", "token_mismatches"} <= set(summary)
+    assert {"success_rate", "turns_mean", "token_mismatches", "false_done"} <= set(summary)
+    assert 0 <= summary["false_done"] <= summary["completed"]
     assert any(line.startswith("TOTAL") for line in out)
     assert (tmp_path / "monitor.db").is_file(), "recorded where the config says (cua.monitor_db)"
 

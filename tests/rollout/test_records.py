@@ -8,7 +8,7 @@ from areal.utils.stats_tracker import DistributedStatsTracker
 from PIL import Image
 
 from cua_native.actions.errors import ParsedOutput, failure
-from cua_native.actions.models import Click
+from cua_native.actions.models import Action, Click, Terminate
 from cua_native.gym.protocol import Observation, Screenshot, Task
 from cua_native.rollout.episode import EpisodeRun
 from cua_native.rollout.records import (
@@ -18,11 +18,14 @@ from cua_native.rollout.records import (
     EpisodeRecord,
     EpisodeTally,
     TurnRecord,
+    claimed_done,
 )
 from cua_native.rollout.workflow import record_group_stats
 
 
-def _turn(index: int, *, ok: bool = True, mismatch: bool = False) -> TurnRecord:
+def _turn(
+    index: int, *, ok: bool = True, mismatch: bool = False, action: Action | None = None
+) -> TurnRecord:
     return TurnRecord(
         index=index,
         observation=Observation(Screenshot(image=Image.new("RGB", (4, 4))), 4, 4, index),
@@ -31,7 +34,9 @@ def _turn(index: int, *, ok: bool = True, mismatch: bool = False) -> TurnRecord:
         output_logprobs=[-0.5],
         output_versions=[0],
         text="x",
-        parsed=ParsedOutput(action=Click(x=0.1, y=0.2)) if ok else failure("tool_arg", "bad x"),
+        parsed=ParsedOutput(action=action or Click(x=0.1, y=0.2))
+        if ok
+        else failure("tool_arg", "bad x"),
         token_mismatch=mismatch,
     )
 
@@ -91,3 +96,24 @@ def test_group_stats_report_the_same_figures_through_areal() -> None:
     assert stats["cua/parse_errors/tool_arg"] == pytest.approx(0.5)
     assert stats["cua/parse_errors/format"] == 0.0
     assert stats["cua/end/terminate"] == 1.0
+
+
+def test_a_failed_done_is_a_terminate_success_the_gym_failed() -> None:
+    done = _turn(1, action=Terminate(status="success"))
+    gave_up = _turn(1, action=Terminate(status="failure"))
+    false_done = _record(0.0, False, [_turn(0), done])
+    true_done = _record(1.0, True, [_turn(0), done])
+    admitted = _record(0.0, False, [_turn(0), gave_up])
+    out_of_turns = _record(0.0, False, [_turn(0), done])
+    out_of_turns.end_reason = EndReason.MAX_TURNS
+    assert [claimed_done(r) for r in (false_done, true_done, admitted, out_of_turns)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    tally = EpisodeTally()
+    for record in (false_done, true_done, admitted, out_of_turns):
+        tally.episode_finished(record)
+    assert tally.false_done == 1 and tally.false_done_rate == 0.25
+    assert EpisodeTally().false_done_rate == 0.0

@@ -33,6 +33,7 @@ def _report(tmp_path: Path) -> TrainReport:
         3: {t: [True, True, False, i % 3 == 0] for i, t in enumerate(tasks)},
     }
     report.eval_parse_errors = {-1: 0.4, 1: 0.2, 3: 0.1}
+    report.eval_false_done = {-1: 0.25, 1: 0.125, 3: 0.0}
     return report
 
 
@@ -61,9 +62,11 @@ def test_print_report_shows_the_gain_and_writes_evals_and_curve(
     assert "baseline:" in out and "eval after step 3:" in out
     assert "gain (last eval - baseline): 8% -> 58% = +50.0%, paired 95% CI over 12 tasks" in out
     assert "10% of turns unparseable" in out
+    assert "40% of turns unparseable, 25% ended in a failed done" in out
     data = json.loads((tmp_path / "evals.json").read_text())
     assert data["gain"]["difference"] == pytest.approx(0.5)
     assert [p["step"] for p in data["points"]] == [-1, 1, 3]
+    assert [p["false_done"] for p in data["points"]] == [0.25, 0.125, 0.0]
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,13 @@ from cua_native.actions import models as m
 from cua_native.config import WarmStart
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
-from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action
+from cua_native.training.demos import (
+    Demo,
+    DemoSpec,
+    collect_demos,
+    reservoir_keeps,
+    same_action,
+)
 from cua_native.training.warm_start import (
     WARM_START_MARKER,
     batch_order,
@@ -239,3 +246,52 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on(
     assert base == warm_start_key(
         "mai_ui", WarmStart(), {"max_pixels": 65536}, {"progress_reward": 0.5}
     )
+
+
+def test_early_stops_add_one_terminate_turn_per_path(
+    processor: Any, mai_demos: list[Demo], toy_source: Any
+) -> None:
+    """Share 1: every path keeps its clean turns and gains a ``terminate(success)`` turn on the
+    prompt of one of its steps before the last (the toy paths have one such step)."""
+    spec = DemoSpec(family="mai_ui", tasks=ALL, early_stop_share=1.0, seed=5)
+    mixed = collect_demos(processor, spec, toy_source)
+    early = [d for d in mixed if d.step == 0 and isinstance(d.action, m.Terminate)]
+    clean = [d for d in mixed if not (d.step == 0 and isinstance(d.action, m.Terminate))]
+    assert [d.text for d in clean] == [d.text for d in mai_demos]
+    assert len(early) == 8 and {d.task_id for d in early} == {d.task_id for d in mai_demos}
+    first_turns = {d.task_id: d for d in mai_demos if d.step == 0}
+    for demo in early:
+        assert demo.action == m.Terminate(status="success") and demo.step == 0
+        twin = first_turns[demo.task_id]
+        assert demo.prompt_length == twin.prompt_length
+        assert torch.equal(
+            demo.sample["input_ids"][0, : demo.prompt_length],
+            twin.sample["input_ids"][0, : twin.prompt_length],
+        )
+        assert not isinstance(twin.action, m.Terminate)
+
+
+def test_early_stop_share_picks_paths_by_seed(processor: Any, toy_source: Any) -> None:
+    def early_tasks(share: float, seed: int) -> list[str]:
+        spec = DemoSpec(family="mai_ui", tasks=ALL, early_stop_share=share, seed=seed)
+        demos = collect_demos(processor, spec, toy_source)
+        return sorted(d.task_id for d in demos if d.step == 0 and isinstance(d.action, m.Terminate))
+
+    assert early_tasks(0.0, 1) == []
+    half = early_tasks(0.5, 1)
+    assert half == early_tasks(0.5, 1), "the same seed picks the same paths"
+    draws = [early_tasks(0.5, seed) for seed in range(6)]
+    assert any(0 < len(d) < 8 for d in draws) and len({tuple(d) for d in draws}) > 1
+
+
+def test_reservoir_keeps_a_uniform_step() -> None:
+    counts = [0, 0, 0]
+    for seed in range(3000):
+        rng = random.Random(seed)
+        kept = None
+        for index in range(3):
+            if reservoir_keeps(rng, index + 1):
+                kept = index
+        assert kept is not None
+        counts[kept] += 1
+    assert all(850 < c < 1150 for c in counts), counts
