@@ -251,7 +251,7 @@ async def task_demos(
         history: list[HistoryStep] = []
         observation: Observation = await _timed(execution.observe(), timeout_s, "observe")
         answer: str | None = None
-        stopped_early: Demo | None = None
+        early_step: tuple[int, Any, Any] | None = None  # (step, prompt, image) kept so far
         candidates = 0
         limit = task.max_steps or 30
         for step in range(limit + 1):
@@ -273,8 +273,7 @@ async def task_demos(
             if early_stop is not None:  # uniform over the steps before the last
                 candidates += 1
                 if reservoir_keeps(early_stop, candidates):
-                    done = (m.Terminate(status="success"), None)
-                    stopped_early = _demo_turn(kit, task, gym_seed, step, done, built, prepared)
+                    early_step = (step, built, prepared)
             result = await _timed(execution.act(action), timeout_s, "act")
             parsed = kit.dialect.parse(turn.text, image_size=prepared.model_size)
             history.append(
@@ -293,7 +292,10 @@ async def task_demos(
         evaluation = await _timed(execution.evaluate(answer), timeout_s, "evaluate")
         if not evaluation.success:
             raise DemoError(f"{task.task_id}: the solution path does not succeed ({evaluation})")
-        return demos if stopped_early is None else [*demos, stopped_early]
+        if early_step is not None:
+            done = (m.Terminate(status="success"), None)
+            demos.append(_demo_turn(kit, task, gym_seed, early_step[0], done, *early_step[1:]))
+        return demos
     finally:
         await close_execution(execution, timeout_s)
 
