@@ -90,6 +90,11 @@ class WarmStart(BaseModel):
     early there about as often as it goes on (the premature "done" of real agents), which the
     gym's evaluation scores as a failure and RL must unlearn. 0: clean paths only. Drawn per
     (seed, phone, task) from ``seed`` (docs/design-notes.md, note 31)."""
+    early_stop_after: int = Field(0, ge=0)
+    """An early stop comes after at least this many of the path's actions. 0: any step before
+    the last, the first screen included, where one-action paths ("Open Notes": open, then
+    done) put all of theirs; 1: only after some progress, so that no demonstration stops on
+    the screen every episode starts from (docs/design-notes.md, note 32)."""
     gym_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Simulator seeds the demonstrations are played under (each seed varies the phone's data,
     so the model sees the same task on several screens). The tasks are ``cua.tasks``'s."""

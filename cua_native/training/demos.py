@@ -61,6 +61,9 @@ class DemoSpec:
     """Begin each turn's thought with the task's instruction (see ``thought_for``)."""
     early_stop_share: float = 0.0
     """Share of paths that also get an early ``terminate(success)`` turn (``early_stop_draw``)."""
+    early_stop_after: int = 0
+    """An early stop comes after at least this many of the path's actions (0: any step before
+    the last, the first screen included)."""
     seed: int = 0
     """Seeds which paths stop early, and where."""
     concurrency: int = 4
@@ -201,14 +204,25 @@ def _target(
     return text
 
 
-def early_stop_draw(spec: DemoSpec, task_id: str, gym_seed: int) -> random.Random | None:
-    """The random source that places this path's early stop, or ``None`` when the path stays
-    clean: each (seed, phone, task) path stops early with probability
-    ``spec.early_stop_share``, independently of every other path."""
+@dataclass(frozen=True)
+class EarlyStop:
+    """Where one path's early stop may fall: a step drawn uniformly (from ``rng``) among the
+    path's steps from ``first_step`` up to, not including, its last."""
+
+    rng: random.Random
+    first_step: int = 0
+
+
+def early_stop_draw(spec: DemoSpec, task_id: str, gym_seed: int) -> EarlyStop | None:
+    """This path's early stop, or ``None`` when the path stays clean: each (seed, phone, task)
+    path stops early with probability ``spec.early_stop_share``, independently of every other
+    path, at a step after at least ``spec.early_stop_after`` of its actions."""
     if spec.early_stop_share <= 0.0:
         return None
     rng = random.Random(f"early-stop:{spec.seed}:{gym_seed}:{task_id}")
-    return rng if rng.random() < spec.early_stop_share else None
+    if rng.random() >= spec.early_stop_share:
+        return None
+    return EarlyStop(rng, first_step=spec.early_stop_after)
 
 
 def reservoir_keeps(rng: random.Random, seen: int) -> bool:
@@ -233,13 +247,14 @@ async def task_demos(
     kit: DemoKit,
     gym_seed: int,
     timeout_s: float,
-    early_stop: random.Random | None = None,
+    early_stop: EarlyStop | None = None,
 ) -> list[Demo]:
     """Play ``task``'s solution path in a fresh execution; one ``Demo`` per step. A path that
     stops without ``answer``/``terminate`` gets ``terminate(success)`` as its last step, so the
     model learns to end the episode. With ``early_stop``, one more ``Demo``: at a step drawn
-    uniformly (from ``early_stop``) among those before the last, ``terminate(success)`` on the
-    same prompt; the path itself is unchanged.
+    uniformly (from ``early_stop.rng``) among those from ``early_stop.first_step`` before the
+    last, ``terminate(success)`` on the same prompt; the path itself is unchanged (and a path
+    with no such step gets none).
 
     Raises ``DemoError`` if the path does not end in a successful evaluation.
     """
@@ -270,9 +285,9 @@ async def task_demos(
             if isinstance(action, m.Answer | m.Terminate):
                 answer = action.text if isinstance(action, m.Answer) else None
                 break
-            if early_stop is not None:  # uniform over the steps before the last
-                candidates += 1
-                if reservoir_keeps(early_stop, candidates):
+            if early_stop is not None and step >= early_stop.first_step:
+                candidates += 1  # uniform over the eligible steps before the last
+                if reservoir_keeps(early_stop.rng, candidates):
                     early_step = (step, built, prepared)
             result = await _timed(execution.act(action), timeout_s, "act")
             parsed = kit.dialect.parse(turn.text, image_size=prepared.model_size)

@@ -206,6 +206,7 @@ def warm_start(
         gym_seeds=gym_seeds,
         goal_in_thought=settings.goal_in_thought,
         early_stop_share=settings.early_stop_share,
+        early_stop_after=settings.early_stop_after,
         seed=settings.seed,
     )
     demo_start = time.perf_counter()

@@ -23,6 +23,7 @@ from cua_native.training.demos import (
     collect_demos,
     reservoir_keeps,
     same_action,
+    source_for,
 )
 from cua_native.training.warm_start import (
     WARM_START_MARKER,
@@ -282,6 +283,51 @@ def test_early_stop_share_picks_paths_by_seed(processor: Any, toy_source: Any) -
     assert half == early_tasks(0.5, 1), "the same seed picks the same paths"
     draws = [early_tasks(0.5, seed) for seed in range(6)]
     assert any(0 < len(d) < 8 for d in draws) and len({tuple(d) for d in draws}) > 1
+
+
+def test_early_stop_after_the_first_action_skips_one_action_paths(
+    processor: Any, mai_demos: list[Demo], toy_source: Any
+) -> None:
+    """``early_stop_after=1``: the toy paths (one action, then done) have no step after their
+    first action and before their last, so no path gains a stop; the clean turns are kept."""
+    spec = DemoSpec(family="mai_ui", tasks=ALL, early_stop_share=1.0, early_stop_after=1, seed=5)
+    assert [d.text for d in collect_demos(processor, spec, toy_source)] == [
+        d.text for d in mai_demos
+    ]
+
+
+def test_early_stop_after_the_first_action_never_stops_on_the_first_screen(
+    processor: Any,
+) -> None:
+    """On the simulator's three-step paths (open Settings, tap the switch, done), every
+    path's early stop lands on its second screen when ``early_stop_after=1``; at 0, some land
+    on the home screen every episode starts from."""
+    toggles = TaskSource(split="all", task_ids=["sim-001", "sim-003", "sim-005"])
+    source = source_for("mai_ui", {"screenshot_size": [160, 384]})
+
+    def stop_steps(after: int) -> list[int]:
+        spec = DemoSpec(
+            family="mai_ui",
+            prompt_overrides={"max_pixels": 65536},
+            tasks=toggles,
+            gym_seeds=(0, 1, 2, 3),
+            early_stop_share=1.0,
+            early_stop_after=after,
+            seed=3,
+        )
+        demos = collect_demos(processor, spec, source)
+        last: dict[tuple[str, int], int] = {}
+        for d in demos:
+            last[(d.task_id, d.gym_seed)] = max(d.step, last.get((d.task_id, d.gym_seed), 0))
+        return [
+            d.step
+            for d in demos
+            if isinstance(d.action, m.Terminate) and d.step < last[(d.task_id, d.gym_seed)]
+        ]
+
+    assert stop_steps(1) == [1] * 12
+    anywhere = stop_steps(0)
+    assert len(anywhere) == 12 and 0 in anywhere and 1 in anywhere
 
 
 def test_reservoir_keeps_a_uniform_step() -> None:
