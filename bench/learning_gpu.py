@@ -185,6 +185,13 @@ def main() -> int:
         help="share of demonstrated paths that also stop early at one step "
         "(cua.warm_start.early_stop_share; note 31)",
     )
+    parser.add_argument(
+        "--early-stop-after",
+        type=int,
+        default=0,
+        help="an early stop falls only after this many of the path's actions "
+        "(cua.warm_start.early_stop_after; the embedded default uses 1; note 32)",
+    )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()
 
@@ -208,6 +215,7 @@ def main() -> int:
         gym_seeds=list(range(args.warm_gym_seeds)),
         goal_in_thought=args.goal_in_thought,
         early_stop_share=args.early_stop_share,
+        early_stop_after=args.early_stop_after,
     )
     report = warm_start(
         base,

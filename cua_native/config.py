@@ -85,7 +85,8 @@ class WarmStart(BaseModel):
     instruction's length: raise ``max_new_tokens`` to match (docs/design-notes.md, note 25)."""
     early_stop_share: float = Field(0.0, ge=0.0, le=1.0)
     """Share of solution paths that also carry an imperfect demonstrator's turn: at one step
-    drawn uniformly from the path's steps before its last, the demonstrator claims the task
+    drawn uniformly from the path's steps before its last (and after ``early_stop_after`` of
+    its actions; a path with no such step stays clean), the demonstrator claims the task
     done (``terminate(success)``) where the path goes on. The warm-started policy then stops
     early there about as often as it goes on (the premature "done" of real agents), which the
     gym's evaluation scores as a failure and RL must unlearn. 0: clean paths only. Drawn per
