@@ -1,15 +1,19 @@
-"""Does a warm start imitate on phones it has not seen? Builds a tiny Qwen3-VL (``--spec
-tiny``: the embedded default's model, tasks and warm-start settings; ``--spec big``:
-``learning_gpu``'s 38.5 M-parameter model on the whole train split), warm-starts it, then
-decodes every demonstrated turn of its training tasks with the real ``InProcessEngine`` and
-compares the parsed action with the solution's: on two demonstration phones (gym seeds 0, 1)
-and on the evaluation phone (``EVAL_SEED``), greedy and sampled at temperature 1.0.
+"""Does a warm start imitate its demonstrations, and on phones it has not seen? Builds a tiny
+Qwen3-VL (``--spec tiny``: the embedded default's model, tasks and warm-start settings; ``--spec
+big``: ``learning_gpu``'s 43.5 M-parameter model, its warm start ``WARM`` and the whole train
+split), warm-starts it, then decodes every demonstrated turn of its training tasks with the
+real ``InProcessEngine`` and compares the parsed action with the solution's: on two
+demonstration phones (gym seeds 0, 1) and on the evaluation phone (``EVAL_SEED``), greedy and
+sampled at temperature 1.0. Greedy runs also print one mark per turn for each task and phone
+(``sim-019@0:....X..``: the fifth turn took another action); ``imitation.json`` keeps every
+missed turn's reply.
 
     uv run python bench/imitation.py --spec tiny --device cpu --out runs/imitation-tiny
-    uv run python bench/imitation.py --spec big --device cuda --out runs/imitation-big
+    uv run python bench/imitation.py --spec big --device cuda --out runs/imitation-big [--warm-steps 1000]
 
-A gap between the two phones is imitation that does not generalise: RL then starts from a
-policy that rarely samples the right action on new phones (docs/design-notes.md, note 22).
+A gap between the two phones is imitation that does not generalise; misses on the
+demonstration phones are turns the warm start has not learned, whose tasks RL then rarely
+sees succeed (docs/design-notes.md, notes 22 and 33).
 """
 
 from __future__ import annotations
@@ -19,17 +23,26 @@ import asyncio
 import json
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from learning_gpu import BIG, EVAL_SEED, PROMPT, SIM_OPTIONS, parameter_count
+from learning_gpu import BIG, EVAL_SEED, PROMPT, SIM_OPTIONS, WARM, parameter_count
 
-from cua_native.config import WarmStart, load_config
+from cua_native.config import load_config
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
 from cua_native.rollout.factories import tokenizer_corpus
 from cua_native.training.demos import Demo, DemoSpec, collect_demos, source_for
-from cua_native.training.warm_start import FirstStepScore, score_first_steps, warm_start
+from cua_native.training.warm_start import (
+    FirstStepScore,
+    TurnOutcome,
+    score_first_steps,
+    warm_start,
+)
 
 FAMILY = "mai_ui"
 
@@ -50,6 +63,15 @@ async def score(model_dir: Path, device: str, demos: list[Demo]) -> list[FirstSt
         await asyncio.to_thread(engine.destroy)
 
 
+def turn_marks(turns: Sequence[TurnOutcome]) -> str:
+    """``sim-001:.X.`` per task and phone: a turn's mark is ``.`` (the demonstrated action),
+    ``X`` (another action) or ``?`` (unparseable), in the path's order."""
+    marks: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for t in sorted(turns, key=lambda t: (t.task_id, t.gym_seed, t.step)):
+        marks[(t.task_id, t.gym_seed)].append("." if t.matched else "X" if t.parsed else "?")
+    return " ".join(f"{task}@{seed}:{''.join(m)}" for (task, seed), m in marks.items())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", choices=["tiny", "big"], default="tiny")
@@ -64,8 +86,7 @@ def main() -> int:
         spec, tasks, warm = TinySpec(), default.tasks.model_copy(), default.warm_start
         tasks = tasks.model_copy(update={"gym_seeds": None})
     else:  # bench/learning_gpu.py's run
-        spec, tasks = BIG, TaskSource(split="train")
-        warm = WarmStart(steps=200, lr=1e-3, batch_size=8, gym_seeds=[0, 1, 2, 3])
+        spec, tasks, warm = BIG, TaskSource(split="train"), WARM
     warm = warm.model_copy(update={"seed": args.seed})
     if args.warm_steps is not None:
         warm = warm.model_copy(update={"steps": args.warm_steps})
@@ -92,16 +113,22 @@ def main() -> int:
     )
     print(f"warm start: {report.steps} steps, loss {report.last_loss:.4f}, {report.demos} demos")
     processor = AutoProcessor.from_pretrained(str(args.out / "warm"))
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, phones in (("seen phones", (0, 1)), ("new phone", (EVAL_SEED,))):
         demos = collect_demos(processor, DemoSpec(FAMILY, PROMPT, tasks, phones), source)
         for s in asyncio.run(score(args.out / "warm", args.device, demos)):
-            results[f"{name} {s.mode}"] = {"parse": s.parse_rate, "match": s.match_rate}
+            results[f"{name} {s.mode}"] = {
+                "parse": s.parse_rate,
+                "match": s.match_rate,
+                "misses": [asdict(t) for t in s.turns if not t.matched],
+            }
             print(
                 f"{name:>12} {s.mode:>7}: parse {s.parse_rate:6.1%}  match {s.match_rate:6.1%}"
                 f"  ({s.prompts} generations over {len(demos)} demonstrated turns)",
                 flush=True,
             )
+            if s.mode == "greedy":
+                print(f"{'':>21}per task, one mark a turn: {turn_marks(s.turns)}", flush=True)
     summary = {
         "spec": args.spec,
         "parameters": parameter_count(base),

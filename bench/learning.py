@@ -9,7 +9,8 @@ evaluation curve, its gain over the baseline with the paired 95 % interval, wall
 ``--variant NAME[@SEED/SEED]:KEY=VALUE,...`` (repeatable) runs the seeds (or its own) again
 with config overrides, for ablations (a value may be a list: ``cua.tasks.task_ids=[sim-001,
 sim-002]``); ``--jobs`` runs several at once, each pinned to its own ``--cores-per-job`` cores
-(``taskset``) with torch's threads set to match, so each run sees the 2-core target machine.
+(``taskset``) with torch's threads set to match, so each run sees the 2-core target machine;
+the cores come from those this process may use (under ``taskset -c 8-15``, from 8-15).
 Overrides for every run go before ``--seeds`` (which takes every integer after it).
 Exits non-zero when a run fails or any run's gain is under ``--min-gain`` or its interval
 includes 0.
@@ -99,7 +100,8 @@ def run_all(
     jobs: list[Job], parallel: int, cores: int, launcher: list[str], extra: list[str]
 ) -> None:
     """Run ``jobs``, ``parallel`` at a time; record each one's wall and CPU seconds."""
-    free = [list(range(i * cores, (i + 1) * cores)) for i in range(parallel)] if cores else []
+    allowed = sorted(os.sched_getaffinity(0))
+    free = [allowed[i * cores : (i + 1) * cores] for i in range(parallel)] if cores else []
     waiting = list(jobs)
     running: dict[int, tuple[Job, subprocess.Popen[bytes], float, list[int]]] = {}
     while waiting or running:

@@ -241,15 +241,30 @@ def warm_start(
 
 
 @dataclass(frozen=True)
+class TurnOutcome:
+    """One generation for one demonstrated turn: did it parse, did it match, what it said."""
+
+    task_id: str
+    gym_seed: int
+    step: int
+    parsed: bool
+    matched: bool
+    reply: str
+
+
+@dataclass(frozen=True)
 class FirstStepScore:
-    """How a model does on the first step of held-out tasks (one decoding mode)."""
+    """How a model does on demonstrated turns (the first steps of held-out tasks, or every
+    turn of a path) in one decoding mode."""
 
     mode: str
     prompts: int
     parsed: int
     """Outputs the dialect parsed into an action."""
     matched: int
-    """Parsed actions equal to the solution's first action (points within the tolerance)."""
+    """Parsed actions equal to the solution's action (points within the tolerance)."""
+    turns: tuple[TurnOutcome, ...] = ()
+    """Every generation, in the order of the demos (each demo ``samples`` times in a row)."""
 
     @property
     def parse_rate(self) -> float:
@@ -302,18 +317,21 @@ async def score_first_steps(
         stop_token_ids=stop_token_ids(tokenizer),
     )
 
-    async def one(demo: Demo) -> tuple[bool, bool]:
+    async def one(demo: Demo) -> TurnOutcome:
         text = await demo_reply(engine, demo, gconfig, tokenizer)
         parsed = dialect.parse(text, image_size=demo.image_size)
-        if not parsed.ok or parsed.action is None:
-            return False, False
-        return True, same_action(parsed.action, demo.action, tolerance)
+        action = parsed.action if parsed.ok else None
+        matched = action is not None and same_action(action, demo.action, tolerance)
+        return TurnOutcome(
+            demo.task_id, demo.gym_seed, demo.step, action is not None, matched, text
+        )
 
     draws = samples if not greedy else 1
     results = await asyncio.gather(*(one(d) for d in demos for _ in range(draws)))
     return FirstStepScore(
         mode="greedy" if greedy else "sampled",
         prompts=len(results),
-        parsed=sum(ok for ok, _ in results),
-        matched=sum(match for _, match in results),
+        parsed=sum(t.parsed for t in results),
+        matched=sum(t.matched for t in results),
+        turns=tuple(results),
     )

@@ -213,6 +213,14 @@ async def test_first_step_scores_count_parses_and_matches(
     assert score.prompts == len(firsts) == 4
     assert score.parsed == 3 and score.matched == 2
     assert score.parse_rate == 0.75 and score.match_rate == 0.5
+    assert [(t.task_id, t.step) for t in score.turns] == [(d.task_id, d.step) for d in firsts]
+    assert [(t.parsed, t.matched) for t in score.turns] == [
+        (True, True),
+        (True, False),
+        (False, False),
+        (True, True),
+    ]
+    assert "back" in score.turns[1].reply
     sampled = await score_first_steps(engine, firsts, dialect, tokenizer, greedy=False, samples=3)
     assert sampled.prompts == 12 and sampled.matched == 6
 
