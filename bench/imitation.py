@@ -1,6 +1,6 @@
 """Does a warm start imitate its demonstrations, and on phones it has not seen? Builds a tiny
 Qwen3-VL (``--spec tiny``: the embedded default's model, tasks and warm-start settings; ``--spec
-big``: ``learning_gpu``'s 43.5 M-parameter model, its warm start ``WARM`` and the whole train
+big``: ``learning_gpu``'s 43.5 M-parameter model, its ``bench_warm_start()`` and the whole train
 split), warm-starts it, then decodes every demonstrated turn of its training tasks with the
 real ``InProcessEngine`` and compares the parsed action with the solution's: on two
 demonstration phones (gym seeds 0, 1) and on the evaluation phone (``EVAL_SEED``), greedy and
@@ -29,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from learning_gpu import BIG, EVAL_SEED, PROMPT, SIM_OPTIONS, WARM, parameter_count
+from learning_gpu import BIG, EVAL_SEED, PROMPT, SIM_OPTIONS, bench_warm_start, parameter_count
 
 from cua_native.config import load_config
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
@@ -86,7 +86,7 @@ def main() -> int:
         spec, tasks, warm = TinySpec(), default.tasks.model_copy(), default.warm_start
         tasks = tasks.model_copy(update={"gym_seeds": None})
     else:  # bench/learning_gpu.py's run
-        spec, tasks, warm = BIG, TaskSource(split="train"), WARM
+        spec, tasks, warm = BIG, TaskSource(split="train"), bench_warm_start()
     warm = warm.model_copy(update={"seed": args.seed})
     if args.warm_steps is not None:
         warm = warm.model_copy(update={"steps": args.warm_steps})

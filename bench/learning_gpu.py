@@ -50,12 +50,15 @@ BIG = TinySpec(
 )
 """Wide and shallow: 43.5 M parameters in four layers. The train engine runs row by row, so on
 a GPU a step's time follows the number of layers (kernel launches), not their width."""
-WARM = WarmStart(steps=400, lr=5e-4, batch_size=8, gym_seeds=[0, 1, 2, 3])
-"""The bench's warm start (``--warm-steps``, ``--warm-lr``, ``--warm-batch``,
-``--warm-gym-seeds``); ``bench/imitation.py --spec big`` uses the same."""
 SIM_OPTIONS = {"screenshot_size": [160, 384]}
 PROMPT = {"max_pixels": 65536}
 EVAL_SEED = 1000
+
+
+def bench_warm_start() -> WarmStart:
+    """The bench's warm start, the defaults of ``--warm-steps``, ``--warm-lr``,
+    ``--warm-batch`` and ``--warm-gym-seeds``; ``bench/imitation.py --spec big`` uses it too."""
+    return WarmStart(steps=400, lr=5e-4, batch_size=8, gym_seeds=[0, 1, 2, 3])
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -152,13 +155,14 @@ def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title
 
 
 def main() -> int:
+    warm = bench_warm_start()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warm-steps", type=int, default=WARM.steps)
-    parser.add_argument("--warm-batch", type=int, default=WARM.batch_size)
-    parser.add_argument("--warm-lr", type=float, default=WARM.lr)
+    parser.add_argument("--warm-steps", type=int, default=warm.steps)
+    parser.add_argument("--warm-batch", type=int, default=warm.batch_size)
+    parser.add_argument("--warm-lr", type=float, default=warm.lr)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--eval-every", type=int, default=10, help="evaluate every N steps and after the last"
@@ -172,7 +176,7 @@ def main() -> int:
     parser.add_argument(
         "--warm-gym-seeds",
         type=int,
-        default=len(WARM.gym_seeds),
+        default=len(warm.gym_seeds),
         help="phones (gym seeds 0..N-1) each training task is demonstrated on",
     )
     parser.add_argument(
