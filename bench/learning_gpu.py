@@ -1,16 +1,18 @@
 """Learning at scale on one GPU: a bigger Qwen3-VL (tens of millions of parameters, built
 locally), warm-started on every training-split sim task, then GRPO with more tasks and steps.
 
-    uv run python bench/learning_gpu.py --out runs/learning-gpu [--steps 30] [KEY=VALUE ...]
+    uv run python bench/learning_gpu.py --out runs/learning-gpu [--seed S] [KEY=VALUE ...]
 
-Every step plays every training task (26 tasks x 4 episodes, each task on its next phone), as
-the embedded default does; no KL term (no reference forward per row: a step costs ~20 s on an
-H100 instead of ~35 s), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing
-episodes; on the simulator before note 29's fix seed 2 collapsed at 1e-4 in its last steps, and
-held at 5e-5, ``actor.optimizer.lr=5e-5``; since the fix it holds at 1e-4). 30 steps, evaluated
-after steps 10, 20 and 30. The model's rotary base is 1e4, not Qwen3-VL's 5e6
-(``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
-Figures: docs/design-notes.md, notes 26-29; logs in bench/results/learning_note2[6-9]/.
+The warm start is the embedded default's recipe at this size: 1,000 steps of 8 demonstrated
+turns (26 tasks on phones 0-3, lr 5e-4; 400 steps left a fifth of its own turns unlearned,
+note 33), and every demonstrated path also stops early once, after its first action
+(``--early-stop-share 1.0 --early-stop-after 1``; ``--early-stop-share 0`` keeps clean paths,
+note 34). Every step plays every training task (26 tasks x 4 episodes, each task on its next
+phone), as the embedded default does; no KL term (no reference forward per row), learning rate
+1e-4 (at 2e-4 one run collapsed into short, failing episodes, note 29). 20 steps, evaluated
+after steps 10 and 20 (more steps gained nothing in note 32). The model's rotary base is 1e4,
+not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
+Figures: docs/design-notes.md, notes 26-34; logs in bench/results/learning_note*/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
 training step uses, so one evaluation measures both: the **training tasks on new seeds** and
@@ -58,7 +60,7 @@ EVAL_SEED = 1000
 def bench_warm_start() -> WarmStart:
     """The bench's warm start, the defaults of ``--warm-steps``, ``--warm-lr``,
     ``--warm-batch`` and ``--warm-gym-seeds``; ``bench/imitation.py --spec big`` uses it too."""
-    return WarmStart(steps=400, lr=5e-4, batch_size=8, gym_seeds=[0, 1, 2, 3])
+    return WarmStart(steps=1000, lr=5e-4, batch_size=8, gym_seeds=[0, 1, 2, 3])
 
 
 def parameter_count(model_dir: Path) -> int:
@@ -159,7 +161,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learning-gpu"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warm-steps", type=int, default=warm.steps)
     parser.add_argument("--warm-batch", type=int, default=warm.batch_size)
     parser.add_argument("--warm-lr", type=float, default=warm.lr)
@@ -188,14 +190,14 @@ def main() -> int:
     parser.add_argument(
         "--early-stop-share",
         type=float,
-        default=0.0,
+        default=1.0,
         help="share of demonstrated paths that also stop early at one step "
         "(cua.warm_start.early_stop_share; note 31)",
     )
     parser.add_argument(
         "--early-stop-after",
         type=int,
-        default=0,
+        default=1,
         help="an early stop falls only after this many of the path's actions "
         "(cua.warm_start.early_stop_after; the embedded default uses 1; note 32)",
     )
