@@ -1,0 +1,94 @@
+"""Several GPU learning runs in one picture: each run's evaluations on the training tasks (new
+phone) with their 95 % intervals over tasks, the gain in the legend, unseen tasks beneath.
+
+    uv run python bench/plot_gpu_runs.py OUT.png LABEL=RUN/gpu_learning.json [LABEL=...]
+
+Reads the ``gpu_learning.json`` that ``bench/learning_gpu.py`` writes (its ``points`` and
+``gain``); draws nothing it does not find there. A label that starts with ``clean`` is drawn
+dashed, so a reference run (``--early-stop-share 0``) stands apart from the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+COLORS = ["#dc2626", "#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#be185d"]
+
+
+def load(spec: str) -> tuple[str, dict[str, Any]]:
+    """``LABEL=PATH`` → (label, the run's summary); the label defaults to the file's folder."""
+    label, sep, path = spec.partition("=")
+    if not sep:
+        label, path = Path(spec).parent.name or spec, spec
+    return label, json.loads(Path(path).read_text())
+
+
+def draw(runs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7.5, 6.4), dpi=110, sharex=True, height_ratios=[3, 1.3]
+    )
+    for index, (label, summary) in enumerate(runs):
+        color = COLORS[index % len(COLORS)]
+        style = "--" if label.startswith("clean") else "-"
+        points = summary["points"]
+        xs = [p["step"] + index * 0.25 for p in points]
+        for axis, part in ((top, "train_tasks"), (bottom, "unseen_tasks")):
+            rates = [p[part]["rate"] for p in points]
+            gain = summary["gain"][part]
+            axis.errorbar(
+                xs,
+                rates,
+                yerr=[
+                    [p[part]["rate"] - p[part]["low"] for p in points],
+                    [p[part]["high"] - p[part]["rate"] for p in points],
+                ],
+                marker="s",
+                capsize=3,
+                linestyle=style,
+                color=color,
+                label=f"{label}: {gain['difference']:+.1%} "
+                f"[{gain['low']:+.1%}, {gain['high']:+.1%}]",
+            )
+    top.set_ylim(-0.02, 1.02)
+    top.set_ylabel("success")
+    top.set_title("training tasks on a new phone (baseline at step -1), 95% CI over tasks")
+    top.legend(fontsize=7, loc="lower right", title="gain, last eval - baseline", title_fontsize=7)
+    bottom.set_ylim(-0.02, 0.6)
+    bottom.set_ylabel("success")
+    bottom.set_title("unseen tasks (eval split)", fontsize=9)
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument("runs", nargs="+", help="LABEL=path/to/gpu_learning.json")
+    args = parser.parse_args()
+    try:
+        runs = [load(spec) for spec in args.runs]
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"plot_gpu_runs: {error}", file=sys.stderr)
+        return 2
+    missing = [label for label, s in runs if not {"points", "gain"} <= s.keys()]
+    if missing:
+        print(f"plot_gpu_runs: no points/gain in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    draw(runs, args.out)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
