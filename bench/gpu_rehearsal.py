@@ -38,8 +38,13 @@ ROOT = HERE.parent
 REAL_BUDGET = {"shortest_edge": 65536, "longest_edge": 16777216}
 """Qwen3-VL's image processor ``size`` (pixels)."""
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json",
-    "preprocessor_config.json", "special_tokens_map.json", "video_preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "special_tokens_map.json",
+    "video_preprocessor_config.json",
 )
 
 
@@ -77,7 +82,9 @@ def sample_memory(stop: threading.Event, peaks: dict[str, int]) -> None:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=10,
+                capture_output=True,
+                text=True,
+                timeout=10,
             ).stdout
         except (OSError, subprocess.TimeoutExpired):
             continue
@@ -93,8 +100,13 @@ def step_figures(db: Path) -> list[dict[str, float]]:
     for step, metrics in rows:
         stats = json.loads(metrics or "{}")
         keep = {k: v for k, v in stats.items() if k.startswith("timeperf/")}
-        for key in ("ppo_actor/n_tokens", "ppo_actor/update/n_valid_tokens", "ppo_actor/n_seqs",
-                    "ppo_actor/update/actor_loss/avg", "ppo_actor/update/grad_norm"):
+        for key in (
+            "ppo_actor/n_tokens",
+            "ppo_actor/update/n_valid_tokens",
+            "ppo_actor/n_seqs",
+            "ppo_actor/update/actor_loss/avg",
+            "ppo_actor/update/grad_norm",
+        ):
             if key in stats:
                 keep[key] = stats[key]
         rollout = stats.get("timeperf/rollout")
@@ -132,9 +144,23 @@ def main() -> int:
     )
     run_dir = out / "run"
     cmd = [
-        sys.executable, "-m", "cua_native.train", "--config", args.config, "--rehearse",
-        "--device", "cuda", "--model", str(model_dir), "--steps", str(args.steps),
-        "--run-dir", str(run_dir), "--dtype", "bfloat16", *args.overrides,
+        sys.executable,
+        "-m",
+        "cua_native.train",
+        "--config",
+        args.config,
+        "--rehearse",
+        "--device",
+        "cuda",
+        "--model",
+        str(model_dir),
+        "--steps",
+        str(args.steps),
+        "--run-dir",
+        str(run_dir),
+        "--dtype",
+        "bfloat16",
+        *args.overrides,
     ]
     print("$", " ".join(cmd), flush=True)
     peaks: dict[str, int] = {}
@@ -144,15 +170,19 @@ def main() -> int:
     t0 = time.monotonic()
     with (out / "rehearsal.log").open("w") as log:
         try:
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=args.timeout, cwd=ROOT).returncode
+            rc = subprocess.run(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout, cwd=ROOT
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.monotonic() - t0
     stop.set()
     result = {
-        "returncode": rc, "model_build_s": round(built, 1), "rehearsal_wall_s": round(wall, 1),
-        "peak_gpu_memory_mib": peaks, "steps": [],
+        "returncode": rc,
+        "model_build_s": round(built, 1),
+        "rehearsal_wall_s": round(wall, 1),
+        "peak_gpu_memory_mib": peaks,
+        "steps": [],
     }
     db = run_dir / "monitor.db"
     if db.is_file():

@@ -38,7 +38,9 @@ def _screenshot() -> ImageFeatures:
 
 def _episode(turns: int, history: int) -> list[PromptPixels]:
     shots = [_screenshot() for _ in range(turns)]
-    return [PromptPixels(features=tuple(shots[max(0, t + 1 - history) : t + 1])) for t in range(turns)]
+    return [
+        PromptPixels(features=tuple(shots[max(0, t + 1 - history) : t + 1])) for t in range(turns)
+    ]
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
@@ -62,20 +64,23 @@ def main() -> None:
     distinct = 0
     for pixels in episodes:
         now += [mm["pixel_values"] for mm in episode_multi_modal_inputs(pixels, torch.bfloat16)]
-        before += sum(
-            sum(f.pixel_values.numel() for f in p.features) * 4 for p in pixels
-        )
+        before += sum(sum(f.pixel_values.numel() for f in p.features) * 4 for p in pixels)
         unique = {id(f): f for p in pixels for f in p.features}
         distinct += sum(f.pixel_values.numel() * 2 for f in unique.values())
     stored = _bytes(now)
     gib = 2**30
-    print(f"group: {args.episodes} episodes x {args.turns} turns, history {args.history}, "
-          f"screenshot {GRID[1] * 16}x{GRID[2] * 16} ({GRID[1] * GRID[2] // 4} tokens)")
+    print(
+        f"group: {args.episodes} episodes x {args.turns} turns, history {args.history}, "
+        f"screenshot {GRID[1] * 16}x{GRID[2] * 16} ({GRID[1] * GRID[2] // 4} tokens)"
+    )
     print(f"distinct screenshots, bf16:            {distinct / gib:8.2f} GiB")
-    print(f"rows now (bf16, each screenshot once): {stored / gib:8.2f} GiB  "
-          f"{stored / distinct:.2f}x  (target <= 1.10x)")
-    print(f"rows before (fp32, window per turn):   {before / gib:8.2f} GiB  "
-          f"{before / distinct:.2f}x")
+    print(
+        f"rows now (bf16, each screenshot once): {stored / gib:8.2f} GiB  "
+        f"{stored / distinct:.2f}x  (target <= 1.10x)"
+    )
+    print(
+        f"rows before (fp32, window per turn):   {before / gib:8.2f} GiB  {before / distinct:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -162,8 +162,10 @@ def _rehearse(args: argparse.Namespace) -> int:
     from cua_native.training.rehearsal import rehearse
 
     if not args.config:
-        print("config error: --rehearse needs --config CONFIG (a cua.mode: areal config)",
-              file=sys.stderr)
+        print(
+            "config error: --rehearse needs --config CONFIG (a cua.mode: areal config)",
+            file=sys.stderr,
+        )
         return 2
     device = args.device or "cpu"
     steps = args.steps if args.steps is not None else 2
@@ -179,16 +181,26 @@ def _rehearse(args: argparse.Namespace) -> int:
     try:
         loaded = load_config(args.config, list(args.overrides))
         if loaded.cua.mode != "areal":
-            raise ConfigError("config error: cua.mode: --rehearse rehearses cluster configs "
-                              f"(cua.mode: areal), got {loaded.cua.mode!r}")
-        return rehearse(args.config, list(args.overrides), steps=steps, run_dir=run_dir,
-                        model=args.model, device=device, dtype=args.dtype)
+            raise ConfigError(
+                "config error: cua.mode: --rehearse rehearses cluster configs "
+                f"(cua.mode: areal), got {loaded.cua.mode!r}"
+            )
+        return rehearse(
+            args.config,
+            list(args.overrides),
+            steps=steps,
+            run_dir=run_dir,
+            model=args.model,
+            device=device,
+            dtype=args.dtype,
+        )
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as error:
-        print(f"rehearsal: stopped ({error or 'interrupted'}); its processes stopped",
-              file=sys.stderr)
+        print(
+            f"rehearsal: stopped ({error or 'interrupted'}); its processes stopped", file=sys.stderr
+        )
         return 143 if isinstance(error, Terminated) else 130
 
 

@@ -16,5 +16,6 @@ if [ -f .ci/services.sh ]; then
 fi
 
 uv run ruff check cua_native tests bench
+uv run ruff format --check cua_native tests bench
 uv run mypy
 uv run pytest "$@"

@@ -9,8 +9,19 @@ import importlib.util
 import sys
 import types
 
-STUB = {"ray", "boto3", "botocore", "av", "redis", "hiredis",
-        "wandb", "swanlab", "trackio", "tensorboardX", "s3transfer"}
+STUB = {
+    "ray",
+    "boto3",
+    "botocore",
+    "av",
+    "redis",
+    "hiredis",
+    "wandb",
+    "swanlab",
+    "trackio",
+    "tensorboardX",
+    "s3transfer",
+}
 
 
 class _Any(type):

@@ -60,7 +60,9 @@ class PromptReport:
                     f"position {first}, against {len(sent)} sent"
                 )
             if count is not None and count != len(sent):
-                return f"call {index}: the server reports {count} prompt tokens, {len(sent)} were sent"
+                return (
+                    f"call {index}: the server reports {count} prompt tokens, {len(sent)} were sent"
+                )
         return None
 
 

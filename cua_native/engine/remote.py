@@ -36,9 +36,7 @@ def _note_sent(req: ModelRequest) -> None:
         report.sent(req.input_ids)
 
 
-def _note_received(
-    result: HttpGenerationResult, count: Any, ids: Any
-) -> None:
+def _note_received(result: HttpGenerationResult, count: Any, ids: Any) -> None:
     report = current_report()
     if report is None:
         return
@@ -57,7 +55,9 @@ class _NamedWeightGroup:
         super().__init__()
         self.weight_backend = weight_backend
 
-    def build_init_weights_group_request(self, addr: str, server_idx: int, meta: Any) -> HttpRequest:
+    def build_init_weights_group_request(
+        self, addr: str, server_idx: int, meta: Any
+    ) -> HttpRequest:
         request: HttpRequest = super().build_init_weights_group_request(  # type: ignore[misc]
             addr, server_idx, meta
         )
@@ -68,7 +68,6 @@ class _NamedWeightGroup:
 
 class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
     """AReaL's SGLang backend that reports the server's prompt token count."""
-
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
@@ -86,7 +85,6 @@ class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
 class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
     """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
     (count and ids)."""
-
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int

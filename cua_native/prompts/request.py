@@ -216,9 +216,7 @@ def expand_prompt(
     pixels = PromptPixels(features=tuple(features))
     grid_tokens = sum(f.patches for f in features) // (merge * merge)
     _check_expansion(processor, input_ids, images, grid_tokens)
-    mm = PromptTensors(
-        pixels, {"mm_token_type_ids": partial(_token_types, processor, input_ids)}
-    )
+    mm = PromptTensors(pixels, {"mm_token_type_ids": partial(_token_types, processor, input_ids)})
     return ProcessedPrompt(
         input_ids=input_ids, multi_modal_input=mm, text=tokenized.text, pixels=pixels
     )

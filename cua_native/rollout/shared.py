@@ -34,7 +34,9 @@ class SharedResources:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[int, Hashable], tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+        self._entries: dict[
+            tuple[int, Hashable], tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]
+        ] = {}
 
     async def get(self, key: Hashable, create: Callable[[], Awaitable[Any]]) -> Any:
         loop = asyncio.get_running_loop()

@@ -205,7 +205,10 @@ def episode_multi_modal_inputs(
             values = torch.cat([store[bounds[i] : bounds[i + 1]] for i in ids])
         grids = [f.image_grid_thw for f in prompt.features]
         out.append(
-            {"pixel_values": values, "image_grid_thw": grids[0] if len(grids) == 1 else torch.cat(grids)}
+            {
+                "pixel_values": values,
+                "image_grid_thw": grids[0] if len(grids) == 1 else torch.cat(grids),
+            }
         )
     return out
 

@@ -148,7 +148,11 @@ class CUAAgentWorkflow(RolloutWorkflow):
         self._setup: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Resources]] | None = None
 
     async def _resources(self) -> _Resources:
-        if self._given_gym is None and self._given_processor is None and self._given_observer is None:
+        if (
+            self._given_gym is None
+            and self._given_processor is None
+            and self._given_observer is None
+        ):
             # built from serializable kwargs (AReaL's workers): one set per process and loop
             key = (self.config.model_dump_json(), self.observer_factory)
             loop = asyncio.get_running_loop()

@@ -165,7 +165,9 @@ class CUAPPOTrainer(PPOTrainer):
         if lora_path is not None:
             raise ValueError("attaching to running servers does not load LoRA adapters")
         config = deepcopy(rollout_config)
-        engine_cls = AttachedSGLangEngine if self.rollout_alloc.backend == "sglang" else AttachedVLLMEngine
+        engine_cls = (
+            AttachedSGLangEngine if self.rollout_alloc.backend == "sglang" else AttachedVLLMEngine
+        )
         if is_eval:
             config.max_head_offpolicyness = int(1e12)
             config.scheduling_strategy = SchedulingStrategy(
@@ -224,13 +226,21 @@ class CUAPPOTrainer(PPOTrainer):
         # AReaL's evaluator calls this only when an eval is due (evaluator.freq_steps)
         step = self._eval_due
         if self._monitor is not None and step is not None:
-            total = len(self.valid_dataloader.dataset) if self.valid_dataloader is not None else None
+            total = (
+                len(self.valid_dataloader.dataset) if self.valid_dataloader is not None else None
+            )
             self._monitor.eval_started(step, self._model_name, total_tasks=total)
         super()._evaluate_fn(eval_workflow, eval_workflow_kwargs)
         self._eval_ran = True
 
-    def _evaluate(self, eval_workflow: Any, eval_workflow_kwargs: Any, epoch: int,
-                  epoch_step: int, global_step: int) -> None:
+    def _evaluate(
+        self,
+        eval_workflow: Any,
+        eval_workflow_kwargs: Any,
+        epoch: int,
+        epoch_step: int,
+        global_step: int,
+    ) -> None:
         self._eval_due, self._eval_ran = global_step, False
         super()._evaluate(eval_workflow, eval_workflow_kwargs, epoch, epoch_step, global_step)
 

@@ -73,8 +73,11 @@ def check_cluster_config(loaded: LoadedConfig) -> None:
             f"(got {areal.actor.weight_update_mode!r})",
         )
     if areal.actor.optimizer is None:
-        _fail("actor.optimizer", "must be set (e.g. optimizer: {lr: 1.0e-6}); without it "
-              "the FSDP actor has nothing to step")
+        _fail(
+            "actor.optimizer",
+            "must be set (e.g. optimizer: {lr: 1.0e-6}); without it "
+            "the FSDP actor has nothing to step",
+        )
     batch = areal.train_dataset.batch_size
     if areal.rollout.consumer_batch_size != batch:
         _fail(
@@ -121,7 +124,9 @@ def pixel_budget(processor: Any) -> tuple[int, int]:
     low = size.get("shortest_edge", getattr(image_processor, "min_pixels", None))
     high = size.get("longest_edge", getattr(image_processor, "max_pixels", None))
     if low is None or high is None:
-        raise ConfigError("config error: actor.path: the model's image processor has no pixel budget")
+        raise ConfigError(
+            "config error: actor.path: the model's image processor has no pixel budget"
+        )
     return int(low), int(high)
 
 

@@ -97,7 +97,9 @@ def prepare_areal_config(loaded: LoadedConfig, eval_rows: list[dict[str, Any]]) 
     areal = loaded.areal
     if eval_rows and areal.valid_dataset is None:
         areal.valid_dataset = ValidDatasetConfig(
-            path="gym-tasks", type="rl", batch_size=min(len(eval_rows), areal.train_dataset.batch_size)
+            path="gym-tasks",
+            type="rl",
+            batch_size=min(len(eval_rows), areal.train_dataset.batch_size),
         )
     if backend_name(loaded) == "vllm":
         areal.vllm.allowed_media_domains = list(loaded.cua.agent.gym.allowed_media_domains)
@@ -113,13 +115,17 @@ def plan_cluster_run(loaded: LoadedConfig, processor: Any = None) -> ClusterPlan
         try:
             processor = load_processor(loaded.areal.actor.path)
         except OSError as e:
-            raise ConfigError(f"config error: actor.path: cannot load its processor ({e})") from None
+            raise ConfigError(
+                f"config error: actor.path: cannot load its processor ({e})"
+            ) from None
     check_pixel_budget(loaded, processor)
     path = {"model_path": loaded.areal.actor.path}
     agent = loaded.cua.agent.model_copy(update=path)
     train_rows, eval_rows = asyncio.run(_rows(loaded))
     if not train_rows:
-        raise ConfigError("config error: cua.tasks: selected no tasks from the gym; loosen its filters")
+        raise ConfigError(
+            "config error: cua.tasks: selected no tasks from the gym; loosen its filters"
+        )
     prepare_areal_config(loaded, eval_rows)
 
     eval_agent = loaded.cua.eval_agent().model_copy(update=path)
@@ -177,14 +183,17 @@ def run_cluster(loaded: LoadedConfig, *, attach: list[str] | None = None) -> Non
     monitor = make_monitor(loaded, plan)
     try:
         # SIGTERM (a scheduler's kill, ``timeout``) raises, so the trainer's cleanup runs
-        with handle_sigterm(), CUAPPOTrainer(
-            loaded.areal,
-            train_dataset=train,
-            valid_dataset=valid,
-            attach=attach or (),
-            monitor=monitor,
-            baseline=loaded.cua.baseline,
-        ) as trainer:
+        with (
+            handle_sigterm(),
+            CUAPPOTrainer(
+                loaded.areal,
+                train_dataset=train,
+                valid_dataset=valid,
+                attach=attach or (),
+                monitor=monitor,
+                baseline=loaded.cua.baseline,
+            ) as trainer,
+        ):
             trainer.train(
                 workflow=WORKFLOW_PATH,
                 workflow_kwargs=plan.workflow_kwargs,

@@ -22,8 +22,14 @@ from areal.engine import FSDPPPOActor
 
 from cua_native.training.checks import packs_sequences
 
-PACKING_KWARGS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-                  "max_seqlen")
+PACKING_KWARGS = (
+    "cu_seqlens",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "max_seqlen",
+)
 
 
 class CUAFSDPPPOActor(FSDPPPOActor):

@@ -89,7 +89,10 @@ class PatientLocalScheduler(LocalScheduler):
 
     @staticmethod
     async def _wait_for_fork_ready(
-        session: Any, host: str, port: int, timeout: float = FORK_READY_TIMEOUT_S  # noqa: ASYNC109
+        session: Any,
+        host: str,
+        port: int,
+        timeout: float = FORK_READY_TIMEOUT_S,  # noqa: ASYNC109
     ) -> bool:
         ready: bool = await LocalScheduler._wait_for_fork_ready(
             session, host, port, timeout=max(timeout, FORK_READY_TIMEOUT_S)

@@ -65,8 +65,16 @@ def free_port() -> int:
 
 
 def plan_rehearsal(
-    loaded: LoadedConfig, *, steps: int, run_dir: Path, model: Path, device: str,
-    gym_url: str, processor_budget: int, gpus: int = 0, flash_attn: bool = False,
+    loaded: LoadedConfig,
+    *,
+    steps: int,
+    run_dir: Path,
+    model: Path,
+    device: str,
+    gym_url: str,
+    processor_budget: int,
+    gpus: int = 0,
+    flash_attn: bool = False,
     user_keys: frozenset[str] = frozenset(),
 ) -> Rehearsal:
     """The overrides that turn a cluster config into a rehearsal on this machine."""
@@ -88,24 +96,40 @@ def plan_rehearsal(
     r.set("cluster.name_resolve.nfs_record_root", run_dir / "name_resolve", "in RUN_DIR")
     if device == "cpu":
         if areal.actor.attn_impl != "sdpa":
-            r.set("actor.attn_impl", "sdpa", "flash attention needs a GPU; one sequence per micro-batch")
+            r.set(
+                "actor.attn_impl",
+                "sdpa",
+                "flash attention needs a GPU; one sequence per micro-batch",
+            )
         r.set("actor.dtype", "float32", "CPU")
     else:
         if areal.actor.weight_update_mode == "xccl" and gpus < 2:
-            r.set("actor.weight_update_mode", "disk",
-                  "one GPU holds both the server and the actor; NCCL needs two devices")
+            r.set(
+                "actor.weight_update_mode",
+                "disk",
+                "one GPU holds both the server and the actor; NCCL needs two devices",
+            )
         if areal.actor.attn_impl.startswith("flash_attention") and not flash_attn:
-            r.set("actor.attn_impl", "sdpa", "flash-attn is not installed; one sequence per micro-batch")
+            r.set(
+                "actor.attn_impl",
+                "sdpa",
+                "flash-attn is not installed; one sequence per micro-batch",
+            )
     scaled: str | None
     value: object
     for scaled, value in (
         # one step per epoch at least: AReaL stops after epochs x (tasks / batch) steps
-        ("total_train_steps", steps), ("total_train_epochs", steps),
-        ("train_dataset.batch_size", 2), ("rollout.max_concurrent_rollouts", 2),
-        ("actor.ppo_n_minibatches", 1), ("saver.freq_steps", steps),
+        ("total_train_steps", steps),
+        ("total_train_epochs", steps),
+        ("train_dataset.batch_size", 2),
+        ("rollout.max_concurrent_rollouts", 2),
+        ("actor.ppo_n_minibatches", 1),
+        ("saver.freq_steps", steps),
         ("cua.eval_every", 1 if cua.eval_tasks is not None else 0),
-        ("cua.tasks.limit", 4), ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
-        ("cua.agent.group_size", 2), ("cua.agent.max_turns", 2),
+        ("cua.tasks.limit", 4),
+        ("cua.eval_tasks.limit", 2) if cua.eval_tasks else (None, None),
+        ("cua.agent.group_size", 2),
+        ("cua.agent.max_turns", 2),
         ("cua.agent.sampling.max_new_tokens", 16),  # gconfig follows (derived)
         ("cua.agent.prompt.max_context_tokens", 8192),
     ):
@@ -113,8 +137,11 @@ def plan_rehearsal(
             r.set(scaled, value, "sizes scaled down")
     configured = cua.agent.prompt.get("max_pixels")
     if configured is None or int(configured) > processor_budget:
-        r.set("cua.agent.prompt.max_pixels", processor_budget,
-              "the stand-in model processor's budget (kept inside it, as the check demands)")
+        r.set(
+            "cua.agent.prompt.max_pixels",
+            processor_budget,
+            "the stand-in model processor's budget (kept inside it, as the check demands)",
+        )
     r.set("cua.agent.gym.base_url", gym_url, "the simulator over HTTP")
     r.set("recover.mode", "disabled", "a rehearsal starts fresh")
     return r
@@ -167,8 +194,14 @@ def _process(
 
 
 def rehearse(
-    config_path: str, overrides: list[str], *, steps: int, run_dir: Path,
-    model: str | None, device: str, dtype: str | None = None,
+    config_path: str,
+    overrides: list[str],
+    *,
+    steps: int,
+    run_dir: Path,
+    model: str | None,
+    device: str,
+    dtype: str | None = None,
 ) -> int:
     """Rehearse ``config_path``; returns the exit code (0 after ``steps`` steps)."""
     from cua_native.monitor.client.lifecycle import handle_sigterm
@@ -198,8 +231,15 @@ def rehearse(
     gym_port, server_port = free_port(), free_port()
     gym_url = f"http://127.0.0.1:{gym_port}"
     plan = plan_rehearsal(
-        loaded, steps=steps, run_dir=run_dir, model=model_dir.resolve(), device=device,
-        gym_url=gym_url, processor_budget=budget, gpus=gpus, flash_attn=flash_attn,
+        loaded,
+        steps=steps,
+        run_dir=run_dir,
+        model=model_dir.resolve(),
+        device=device,
+        gym_url=gym_url,
+        processor_budget=budget,
+        gpus=gpus,
+        flash_attn=flash_attn,
         user_keys=frozenset(o.split("=", 1)[0] for o in overrides),
     )
     rehearsed = load_config(config_path, [*plan.overrides, *overrides])
@@ -210,32 +250,57 @@ def rehearse(
     actor_gpus = 1 if device != "cpu" else 0
     for spec in rehearsed.areal.actor.scheduling_spec:
         spec.gpu = actor_gpus
-    plan.reasons.append(f"  actor.scheduling_spec[*].gpu = {actor_gpus}, "
-                        "rollout.scheduling_spec[*].gpu = 0  (the rollout workers only attach)")
+    plan.reasons.append(
+        f"  actor.scheduling_spec[*].gpu = {actor_gpus}, "
+        "rollout.scheduling_spec[*].gpu = 0  (the rollout workers only attach)"
+    )
     backend = rehearsed.areal.rollout.backend.split(":", 1)[0]
     print(f"rehearsal of {config_path} on {device} ({backend}); changed:")
     print("\n".join(plan.reasons))
     mode = rehearsed.areal.actor.weight_update_mode
     collective = {"cpu": " over gloo"}.get(device, " over nccl") if mode == "xccl" else ""
-    print("kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs, "
-          f"weight-update mode ({mode}{collective})")
+    print(
+        "kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs, "
+        f"weight-update mode ({mode}{collective})"
+    )
     gym_cmd = [
-        sys.executable, "-m", "cua_native.gym.server", "--host", "127.0.0.1",
-        "--port", str(gym_port), "--gym-id", rehearsed.cua.agent.gym.gym_id, "--log-level", "info",
+        sys.executable,
+        "-m",
+        "cua_native.gym.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(gym_port),
+        "--gym-id",
+        rehearsed.cua.agent.gym.gym_id,
+        "--log-level",
+        "info",
         # on CPU small screenshots; on GPU the phone's own 1080x2400 at the real pixel budget
         *(["--screenshot-size", SIM_SCREENSHOT] if device == "cpu" else []),
     ]
     serve_cmd = [
-        sys.executable, "-m", "cua_native.engine.serve", "--backend", backend,
-        "--model", str(model_dir.resolve()), "--host", "127.0.0.1", "--port", str(server_port),
-        "--device", device, *(["--dtype", dtype] if dtype else []),
+        sys.executable,
+        "-m",
+        "cua_native.engine.serve",
+        "--backend",
+        backend,
+        "--model",
+        str(model_dir.resolve()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(server_port),
+        "--device",
+        device,
+        *(["--dtype", dtype] if dtype else []),
     ]
     logs = run_dir / "logs"
     with (
         handle_sigterm(),  # SIGTERM raises: the stand-ins below are stopped on the way out
         _process(gym_cmd, "Uvicorn running", "gym server", logs / "gym.log"),
-        _process(serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log",
-                 server_env),
+        _process(
+            serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log", server_env
+        ),
     ):
         run_cluster(rehearsed, attach=[f"127.0.0.1:{server_port}"])
     print(f"rehearsal done: {steps} steps; monitor lifecycle in {run_dir / 'monitor.db'}")

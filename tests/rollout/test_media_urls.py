@@ -144,7 +144,9 @@ def agent_and_engine(
 ) -> tuple[AgentConfig, Any]:
     """Two turns (click, answer) with ``domains`` as the run's allow-list."""
     config = AgentConfig(
-        max_turns=2, group_size=1, infra_retries=0,
+        max_turns=2,
+        group_size=1,
+        infra_retries=0,
         gym=GymConfig(allowed_media_domains=domains),
     )
     dialect = make_agent(config, processor).dialect
@@ -208,8 +210,15 @@ async def test_evaluate_gives_the_builder_a_client(
         gym = CountingGym(UrlGym(media))  # type: ignore[arg-type]
         tasks = (await gym.list_tasks())[:1]
         results = await evaluate(
-            config, tasks, gym=gym, engine=engine, processor=processor, episodes=2,
-            concurrency=2, observer=NullObserver(), progress=False,
+            config,
+            tasks,
+            gym=gym,
+            engine=engine,
+            processor=processor,
+            episodes=2,
+            concurrency=2,
+            observer=NullObserver(),
+            progress=False,
         )
     assert [run.record.outcome for _, run in results] == ["completed", "completed"]
     assert len(media.fetched) == 4

@@ -54,6 +54,7 @@ def test_timeout_counts_only_running_time() -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         resume_at = start + 0.1
+
         # stands still until resume_at, then runs with the loop's clock
         def clock() -> float:
             return max(0.0, loop.time() - resume_at)

@@ -24,7 +24,9 @@ def test_100_workflow_objects_share_one_set(
 ) -> None:
     monkeypatch.setenv("CUA_MONITOR_DB", "sqlite")
     monkeypatch.setenv("CUA_RUN_DIR", str(tmp_path))
-    config = AgentConfig(model_path=str(tiny_dir), gym={"kind": "http", "base_url": "http://127.0.0.1:9"})
+    config = AgentConfig(
+        model_path=str(tiny_dir), gym={"kind": "http", "base_url": "http://127.0.0.1:9"}
+    )
     kwargs = workflow_kwargs(config, source="step", observer_factory=WORKER_OBSERVER)
 
     async def main() -> tuple[list[int], int, int]:

@@ -108,8 +108,9 @@ def test_turn_rows_extend_the_one_sequence_row() -> None:
         assert torch.equal(sample[key], base[key]), key
     assert base["mm_token_type_ids"].tolist() == [[0, 1, 1, 0, 2, 0, 0, 0, 0]]
     assert base["mm_token_type_ids"].dtype == base["input_ids"].dtype == torch.long
-    assert base["multi_modal_input"] == [{"pixel_values": mm["pixel_values"],
-                                          "image_grid_thw": mm["image_grid_thw"]}]
+    assert base["multi_modal_input"] == [
+        {"pixel_values": mm["pixel_values"], "image_grid_thw": mm["image_grid_thw"]}
+    ]
 
 
 def test_group_rows_are_per_turn_and_normalised_per_episode() -> None:

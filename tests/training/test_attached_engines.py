@@ -60,9 +60,12 @@ def test_the_group_request_names_the_trainer_backend(
     assert request.payload["group_name"] == "update_weight_group"
     # the workflow's prompt checks (and vLLM's restart of aborted chat turns) stay installed
     assert prepare_remote_engine(engine)
-    assert engine._engine.backend.build_init_weights_group_request(
-        "h:1", 1, _meta(backend)
-    ).payload["backend"] == "nccl"
+    assert (
+        engine._engine.backend.build_init_weights_group_request("h:1", 1, _meta(backend)).payload[
+            "backend"
+        ]
+        == "nccl"
+    )
 
 
 def test_without_the_variable_the_request_is_areals(

@@ -105,7 +105,9 @@ def test_max_pixels_must_lie_in_the_processor_budget(max_pixels: int, ok: bool) 
     if ok:
         check_pixel_budget(loaded, _Processor())
         return
-    with pytest.raises(ConfigError, match=r"^config error: cua.agent.prompt.max_pixels: .*\[4096, 65536\]"):
+    with pytest.raises(
+        ConfigError, match=r"^config error: cua.agent.prompt.max_pixels: .*\[4096, 65536\]"
+    ):
         check_pixel_budget(loaded, _Processor())
 
 

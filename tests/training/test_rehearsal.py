@@ -46,8 +46,16 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     disk = name == DISK_UPDATES
     result = subprocess.run(
         [
-            sys.executable, "-m", "cua_native.train", "--config", str(CONFIGS / name),
-            "--rehearse", "--steps", "2", "--run-dir", str(run_dir),
+            sys.executable,
+            "-m",
+            "cua_native.train",
+            "--config",
+            str(CONFIGS / name),
+            "--rehearse",
+            "--steps",
+            "2",
+            "--run-dir",
+            str(run_dir),
             *(["actor.weight_update_mode=disk"] if disk else []),
         ],
         capture_output=True,
@@ -134,9 +142,17 @@ def test_an_early_failure_leaves_no_worker_processes(tmp_path: Path) -> None:
     try:
         result = subprocess.run(
             [
-                sys.executable, "-m", "cua_native.train",
-                "--config", str(CONFIGS / "qwen3_vl_android.yaml"), "--rehearse", "--steps", "1",
-                "--run-dir", str(tmp_path / "run"), "rollout.backend=sglang:d2",
+                sys.executable,
+                "-m",
+                "cua_native.train",
+                "--config",
+                str(CONFIGS / "qwen3_vl_android.yaml"),
+                "--rehearse",
+                "--steps",
+                "1",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "rollout.backend=sglang:d2",
             ],
             capture_output=True,
             text=True,

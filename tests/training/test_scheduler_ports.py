@@ -26,8 +26,12 @@ from cua_native.training.local_scheduler import PatientLocalScheduler
 def _scheduler(cls: type, root: Path) -> LocalScheduler:
     (root / "nr").mkdir(parents=True, exist_ok=True)
     return cls(
-        gpu_devices=[0], log_dir=str(root / "logs"), experiment_name="e", trial_name="t",
-        fileroot=str(root), nfs_record_root=str(root / "nr"),
+        gpu_devices=[0],
+        log_dir=str(root / "logs"),
+        experiment_name="e",
+        trial_name="t",
+        fileroot=str(root),
+        nfs_record_root=str(root / "nr"),
     )
 
 
@@ -103,7 +107,11 @@ def _forked_port(cls: type, root: Path) -> int:
     guard = _SeededGuard(seed=1)
     parent = WorkerInfo(
         worker=Worker(id="rollout/0", ip="127.0.0.1", worker_ports=["1"], engine_ports=[]),
-        process=None, role="rollout", gpu_devices=[], created_at=0.0, log_file="rollout.log",
+        process=None,
+        role="rollout",
+        gpu_devices=[],
+        created_at=0.0,
+        log_file="rollout.log",
     )
     scheduler._workers["rollout"] = [parent]  # the fork reads the parent's port count
     try:

@@ -62,10 +62,10 @@ def parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-
 REWARD_OPTIONS = frozenset({"progress_reward"})
 """``SimGym`` options that shape rewards only: screenshots, tasks and solutions are the same
 without them (demonstrations leave them out, and a warm start's cache key ignores them)."""
+
 
 class UnknownTask(GymError, LookupError):
     """The simulator has no task with that id."""

@@ -201,7 +201,8 @@ def areal_spelling(model: Any, backend: str) -> dict[str, str]:
 
     meta = WeightUpdateMeta(type="xccl", gen_allocation=ModelAllocation.from_str(f"{backend}:d1"))
     actor = SimpleNamespace(
-        model=model, is_vision_model=True,
+        model=model,
+        is_vision_model=True,
         model_config=SimpleNamespace(model_type=model.config.model_type),
     )
     own = [name for name, _ in model.named_parameters()]

@@ -144,7 +144,9 @@ async def test_xccl_weight_update_through_the_cli_server(
         spelled = sk.areal_spelling(tiny.model, backend)
         specs = [
             ParamSpec(
-                name=spelled.get(k, k), shape=tuple(v.shape), dtype=str(v.dtype).removeprefix("torch.")
+                name=spelled.get(k, k),
+                shape=tuple(v.shape),
+                dtype=str(v.dtype).removeprefix("torch."),
             )
             for k, v in new_weights.items()
         ]
