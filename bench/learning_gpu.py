@@ -3,15 +3,18 @@ locally), warm-started on every training-split sim task, then GRPO with more tas
 
     uv run python bench/learning_gpu.py --out runs/learning-gpu [--seed S] [KEY=VALUE ...]
 
-The warm start is the embedded default's recipe at this size: 1,000 steps of 8 demonstrated
-turns (26 tasks on phones 0-3, lr 5e-4; 400 steps left a fifth of its own turns unlearned,
-note 33), and every demonstrated path also stops early once, after its first action
-(``--early-stop-share 1.0 --early-stop-after 1``; ``--early-stop-share 0`` keeps clean paths,
-note 34). Every step plays every training task (26 tasks x 4 episodes, each task on its next
-phone), as the embedded default does; no KL term (no reference forward per row), learning rate
-1e-4 (at 2e-4 one run collapsed into short, failing episodes, note 29). 20 steps, evaluated
-after steps 10 and 20 (more steps gained nothing in note 32). The model's rotary base is 1e4,
-not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
+The warm start: 1,000 steps of 8 demonstrated turns (26 tasks on phones 0-3, lr 5e-4; 400
+steps left a fifth of its own turns unlearned, note 33), with the embedded default's early
+stops: each demonstrated path that has a step after its first action and before its last also
+ends once, on a step drawn among those, with ``terminate(success)`` (``--early-stop-share 1.0
+--early-stop-after 1``; one-action paths get none; ``--early-stop-share 0`` keeps clean paths,
+note 34). Its other settings are the bench's own (no goal in the thought, unlike
+``configs/default.yaml``). Every step plays every training task (26 tasks x 4 episodes, each
+task on its next phone), as the embedded default does; no KL term (no reference forward per
+row), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing episodes, note 26).
+20 steps, evaluated after the 10th and the 20th (``e9``, ``e19`` in the monitor; more steps
+gained nothing in note 32). The model's rotary base is 1e4, not Qwen3-VL's 5e6
+(``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
 Figures: docs/design-notes.md, notes 26-34; logs in bench/results/learning_note*/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no

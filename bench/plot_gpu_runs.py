@@ -4,8 +4,9 @@ phone) with their 95 % intervals over tasks, the gain in the legend, unseen task
     uv run python bench/plot_gpu_runs.py OUT.png LABEL=RUN/gpu_learning.json [LABEL=...]
 
 Reads the ``gpu_learning.json`` that ``bench/learning_gpu.py`` writes (its ``points`` and
-``gain``); draws nothing it does not find there. A label that starts with ``clean`` is drawn
-dashed, so a reference run (``--early-stop-share 0``) stands apart from the seeds.
+``gain``, each with ``train_tasks`` and ``unseen_tasks``) and refuses a file without them. An
+argument that is an existing file is read with its file name as label. A label that starts
+with ``clean`` is drawn dashed, so a reference run (``--early-stop-share 0``) stands apart.
 """
 
 from __future__ import annotations
@@ -19,12 +20,27 @@ from typing import Any
 COLORS = ["#dc2626", "#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#be185d"]
 
 
+PARTS = ("train_tasks", "unseen_tasks")
+
+
 def load(spec: str) -> tuple[str, dict[str, Any]]:
-    """``LABEL=PATH`` → (label, the run's summary); the label defaults to the file's folder."""
-    label, sep, path = spec.partition("=")
-    if not sep:
-        label, path = Path(spec).parent.name or spec, spec
-    return label, json.loads(Path(path).read_text())
+    """``LABEL=PATH`` or an existing ``PATH`` → (label, the run's summary).
+
+    Raises ``ValueError`` when the summary lacks a point's or the gain's rates."""
+    if Path(spec).is_file():
+        label, path = Path(spec).stem, spec
+    else:
+        label, _, path = spec.partition("=")
+    summary = json.loads(Path(path).read_text())
+    try:
+        for point in summary["points"]:
+            for part in PARTS:
+                _ = point["step"], point[part]["rate"], point[part]["low"], point[part]["high"]
+        for part in PARTS:
+            _ = summary["gain"][part]["difference"]
+    except (KeyError, TypeError) as missing:
+        raise ValueError(f"{path}: not a bench/learning_gpu.py summary (no {missing})") from None
+    return label, summary
 
 
 def draw(runs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
@@ -40,8 +56,9 @@ def draw(runs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
         color = COLORS[index % len(COLORS)]
         style = "--" if label.startswith("clean") else "-"
         points = summary["points"]
-        xs = [p["step"] + index * 0.25 for p in points]
-        for axis, part in ((top, "train_tasks"), (bottom, "unseen_tasks")):
+        offset = (index - (len(runs) - 1) / 2) * 0.15  # side by side, centred on the step
+        xs = [p["step"] + offset for p in points]
+        for axis, part in zip((top, bottom), PARTS, strict=True):
             rates = [p[part]["rate"] for p in points]
             gain = summary["gain"][part]
             axis.errorbar(
@@ -62,7 +79,9 @@ def draw(runs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
     top.set_ylabel("success")
     top.set_title("training tasks on a new phone (baseline at step -1), 95% CI over tasks")
     top.legend(fontsize=7, loc="lower right", title="gain, last eval - baseline", title_fontsize=7)
-    bottom.set_ylim(-0.02, 0.6)
+    highest = max(p["unseen_tasks"]["high"] for _, s in runs for p in s["points"])
+    bottom.set_ylim(-0.02, max(0.6, highest + 0.4))  # room above the bars for the legend
+    bottom.legend(fontsize=6, loc="upper center", ncol=3, title="gain", title_fontsize=6)
     bottom.set_ylabel("success")
     bottom.set_title("unseen tasks (eval split)", fontsize=9)
     bottom.set_xlabel("step")
@@ -78,12 +97,8 @@ def main() -> int:
     args = parser.parse_args()
     try:
         runs = [load(spec) for spec in args.runs]
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, ValueError) as error:
         print(f"plot_gpu_runs: {error}", file=sys.stderr)
-        return 2
-    missing = [label for label, s in runs if not {"points", "gain"} <= s.keys()]
-    if missing:
-        print(f"plot_gpu_runs: no points/gain in {', '.join(missing)}", file=sys.stderr)
         return 2
     draw(runs, args.out)
     print(args.out)

@@ -1,11 +1,12 @@
 """Which tasks does a run learn, lose or never solve? One row per task from its monitor database.
 
-Reads a run's SQLite monitor database (read-only) and prints, per task, the success rate of
-the baseline evaluation (``base``), of the training batches by block of ``--block`` steps
-(``t00``, ``t10``, ...) and of each evaluation (``e9`` = after step 9); ``-`` where the task
-was not played (unseen tasks in training). With ``--show TASK,...`` it then prints the actions
-of every baseline and last-evaluation episode of those tasks, one line each: how it ended,
-its actions in order, and the first thought.
+Reads a run's SQLite monitor database (read-only) and prints, for one training (the latest
+unless ``--training`` names a run), per task the success rate of its finished episodes in the
+baseline evaluation (``base``), in the training batches by block of ``--block`` steps (``t00``
+= steps 0-9, ...) and in each evaluation (``e9`` = after step 9); ``-`` where the task has no
+finished episode there (unseen tasks in training, or a block still in flight). With ``--show
+TASK,...`` it then prints the actions of every baseline and last-evaluation episode of those
+tasks, one line each: how it ended, its actions in order, and the first thought.
 
     uv run python bench/task_table.py runs/default/monitor.db --show sim-009,sim-010
 
@@ -18,15 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+# A rollout belongs to its training through its step, evaluation or baseline.
 _ROLLOUTS = """
 select r.id, t.task_id, r.source_type, s.step, e.step, r.task_success
 from rollout r
 join task t on t.id = r.task_id
 left join step s on s.id = r.step_id
 left join eval e on e.id = r.eval_id
+left join baseline b on b.id = r.baseline_id
+where r.status = 'completed'
+  and coalesce(s.training_id, e.training_id, b.training_id) = ?
+order by r.id
 """
 
 
@@ -53,27 +60,46 @@ def action_label(action_json: str | None, parse_error: str | None) -> str:
         return "ERR"
     action = json.loads(action_json) if action_json else {}
     kind = str(action.get("type", "?"))
-    for key in ("name", "text", "button", "status"):
+    for key in ("name", "text", "button", "status", "direction"):
         if action.get(key):
             return f"{kind}:{str(action[key])[:24]}"
-    if "x" in action:
-        return f"{kind}:{action['x']:.2f},{action.get('y', 0):.2f}"
+    if isinstance(action.get("keys"), list) and action["keys"]:
+        return f"{kind}:{'+'.join(map(str, action['keys']))[:24]}"
+    x, y = action.get("x"), action.get("y")
+    if isinstance(x, int | float) and isinstance(y, int | float):
+        return f"{kind}:{x:.2f},{y:.2f}"
     return kind
 
 
-def print_table(
-    con: sqlite3.Connection, block: int
-) -> tuple[dict[tuple[str, str], list[int]], str | None]:
-    """Print the per-task table; return each (task, column)'s rollout ids and the last eval's column."""
+def pick_training(con: sqlite3.Connection, run_name: str | None) -> tuple[int, str]:
+    """The training to show: the one named ``run_name``, else the latest."""
+    query = "select id, run_name from training"
+    rows = con.execute(
+        query + (" where run_name = ? order by id desc" if run_name else " order by id desc"),
+        (run_name,) if run_name else (),
+    ).fetchall()
+    if not rows:
+        raise LookupError(f"no training named {run_name!r}" if run_name else "no training")
+    return rows[0][0], rows[0][1]
+
+
+def table(
+    con: sqlite3.Connection, training: int, block: int
+) -> tuple[dict[str, dict[str, list[bool]]], dict[tuple[str, str], list[int]], str | None]:
+    """Per task and column the outcomes; each (task, column)'s rollout ids; the last eval's column."""
     outcomes: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     rollouts: dict[tuple[str, str], list[int]] = defaultdict(list)
     last_eval: int | None = None
-    for rid, task, source, train_step, eval_step, success in con.execute(_ROLLOUTS):
+    for rid, task, source, train_step, eval_step, success in con.execute(_ROLLOUTS, (training,)):
         column = column_of(source, train_step, eval_step, block)
         outcomes[task][column].append(bool(success))
         rollouts[(task, column)].append(rid)
         if eval_step is not None and (last_eval is None or eval_step > last_eval):
             last_eval = eval_step
+    return outcomes, rollouts, None if last_eval is None else f"e{last_eval}"
+
+
+def print_table(outcomes: dict[str, dict[str, list[bool]]]) -> None:
     columns = sorted({c for per_task in outcomes.values() for c in per_task}, key=_column_order)
     print(f"{'task':10}" + "".join(f"{c:>8}" for c in columns))
     for task in sorted(outcomes):
@@ -82,7 +108,6 @@ def print_table(
             played = outcomes[task].get(column)
             cells.append(f"{sum(played) / len(played):>7.0%} " if played else f"{'-':>7} ")
         print(f"{task:10}" + "".join(cells))
-    return rollouts, None if last_eval is None else f"e{last_eval}"
 
 
 def print_episodes(con: sqlite3.Connection, rollout_ids: list[int]) -> None:
@@ -105,6 +130,7 @@ def main() -> int:
     parser.add_argument(
         "--show", default="", help="comma-separated task ids whose episodes to print"
     )
+    parser.add_argument("--training", help="the run name of the training to show (default: latest)")
     args = parser.parse_args()
     if not args.db.is_file():
         parser.error(f"{args.db}: no such database file")
@@ -112,12 +138,24 @@ def main() -> int:
         parser.error("--block must be at least 1")
     con = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
     try:
-        rollouts, last_eval = print_table(con, args.block)
+        training, run_name = pick_training(con, args.training)
+        outcomes, rollouts, last_eval = table(con, training, args.block)
+        if not outcomes:
+            print(f"task_table: training {run_name!r} has no finished episodes", file=sys.stderr)
+            return 1
+        print(f"training {run_name!r}, finished episodes only")
+        print_table(outcomes)
         for task in [t for t in args.show.split(",") if t]:
+            if task not in outcomes:
+                print(f"task_table: {task}: no finished episodes in this training", file=sys.stderr)
+                continue
             for column in ("base", last_eval):
                 if column and rollouts.get((task, column)):
                     print(f"== {task} {column}")
                     print_episodes(con, rollouts[(task, column)])
+    except (sqlite3.DatabaseError, LookupError) as error:
+        print(f"task_table: {args.db}: {error}", file=sys.stderr)
+        return 2
     finally:
         con.close()
     return 0

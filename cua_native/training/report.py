@@ -238,9 +238,11 @@ def print_report(report: TrainReport, *, step_table: bool = True) -> None:
     print(f"evaluations:     {evals_json}")
     if plot:
         print(f"reward curve:    {plot}")
-    db = report.monitor_url or f"sqlite:///{report.run_dir / 'monitor.db'}"
+    if report.monitor_url is None:
+        print("dashboard:       none (the monitor was off, cua.monitor_db=null)")
+        return
     print(
         "dashboard:       uv run python -m cua_native.monitor serve "
-        f"--db {shlex.quote(db)} --run-dir {shlex.quote(str(report.run_dir))}  "
+        f"--db {shlex.quote(report.monitor_url)} --run-dir {shlex.quote(str(report.run_dir))}  "
         "(then open http://127.0.0.1:8765)"
     )

@@ -68,6 +68,19 @@ def test_print_report_shows_the_gain_and_writes_evals_and_curve(
     assert [p["step"] for p in data["points"]] == [-1, 1, 3]
     assert [p["false_done"] for p in data["points"]] == [0.25, 0.125, 0.0]
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
+    # this report's monitor was off: no dashboard command for a database never written
+    assert "dashboard:       none (the monitor was off" in out and "monitor serve" not in out
+
+
+def test_print_report_names_the_dashboard_of_the_monitor_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _report(tmp_path)
+    report.monitor_url = f"sqlite:///{tmp_path / 'monitor.db'}"
+    print_report(report)
+    out = capsys.readouterr().out
+    assert f"monitor db:      {report.monitor_url}" in out
+    assert f"monitor serve --db {report.monitor_url} --run-dir {tmp_path}" in out
 
 
 def test_the_last_step_is_always_evaluated() -> None:
