@@ -239,7 +239,7 @@ def print_report(report: TrainReport, *, step_table: bool = True) -> None:
     if plot:
         print(f"reward curve:    {plot}")
     if report.monitor_url is None:
-        print("dashboard:       none (the monitor was off, cua.monitor_db=null)")
+        print("dashboard:       none here (cua.monitor_db=null: no local monitor database)")
         return
     print(
         "dashboard:       uv run python -m cua_native.monitor serve "

@@ -68,8 +68,8 @@ def test_print_report_shows_the_gain_and_writes_evals_and_curve(
     assert [p["step"] for p in data["points"]] == [-1, 1, 3]
     assert [p["false_done"] for p in data["points"]] == [0.25, 0.125, 0.0]
     assert (tmp_path / "reward_curve.png").stat().st_size > 0
-    # this report's monitor was off: no dashboard command for a database never written
-    assert "dashboard:       none (the monitor was off" in out and "monitor serve" not in out
+    # no local monitor database (cua.monitor_db=null): no dashboard command for it
+    assert "dashboard:       none here (cua.monitor_db=null" in out and "monitor serve" not in out
 
 
 def test_print_report_names_the_dashboard_of_the_monitor_it_wrote(
