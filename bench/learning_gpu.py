@@ -112,6 +112,24 @@ def summarize(evals: dict[str, Any], train_ids: list[str], unseen_ids: list[str]
     return out
 
 
+def errorbar_rates(
+    axis: Any, xs: list[float], points: list[dict[str, Any]], part: str, label: str, **style: Any
+) -> None:
+    """One part's evaluation rates (``train_tasks`` or ``unseen_tasks``) with their 95 %
+    intervals, as ``gpu_learning.json`` stores them; ``bench/plot_gpu_runs.py`` draws with it too."""
+    axis.errorbar(
+        xs,
+        [p[part]["rate"] for p in points],
+        yerr=[
+            [p[part]["rate"] - p[part]["low"] for p in points],
+            [p[part]["high"] - p[part]["rate"] for p in points],
+        ],
+        marker="s",
+        label=label,
+        **style,
+    )
+
+
 def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -134,20 +152,15 @@ def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title
         ("unseen_tasks", "#9333ea", "unseen tasks (eval split)"),
     ):
         pts = summary["points"]
-        xs = [p["step"] if p["step"] >= 0 else -1 for p in pts]
-        ys = [p[name]["rate"] for p in pts]
         g = summary["gain"][name]
-        ax2.errorbar(
-            xs,
-            ys,
-            yerr=[
-                [p[name]["rate"] - p[name]["low"] for p in pts],
-                [p[name]["high"] - p[name]["rate"] for p in pts],
-            ],
-            marker="s",
+        errorbar_rates(
+            ax2,
+            [p["step"] if p["step"] >= 0 else -1 for p in pts],
+            pts,
+            name,
+            f"{label}: {g['difference']:+.0%} [{g['low']:+.0%}, {g['high']:+.0%}]",
             capsize=4,
             color=color,
-            label=f"{label}: {g['difference']:+.0%} [{g['low']:+.0%}, {g['high']:+.0%}]",
         )
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_xlabel("step (baseline at -1)")

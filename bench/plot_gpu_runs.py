@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from learning_gpu import errorbar_rates
+
 COLORS = ["#dc2626", "#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#be185d"]
 
 
@@ -59,21 +61,16 @@ def draw(runs: list[tuple[str, dict[str, Any]]], path: Path) -> None:
         offset = (index - (len(runs) - 1) / 2) * 0.15  # side by side, centred on the step
         xs = [p["step"] + offset for p in points]
         for axis, part in zip((top, bottom), PARTS, strict=True):
-            rates = [p[part]["rate"] for p in points]
             gain = summary["gain"][part]
-            axis.errorbar(
+            errorbar_rates(
+                axis,
                 xs,
-                rates,
-                yerr=[
-                    [p[part]["rate"] - p[part]["low"] for p in points],
-                    [p[part]["high"] - p[part]["rate"] for p in points],
-                ],
-                marker="s",
+                points,
+                part,
+                f"{label}: {gain['difference']:+.1%} [{gain['low']:+.1%}, {gain['high']:+.1%}]",
                 capsize=3,
                 linestyle=style,
                 color=color,
-                label=f"{label}: {gain['difference']:+.1%} "
-                f"[{gain['low']:+.1%}, {gain['high']:+.1%}]",
             )
     top.set_ylim(-0.02, 1.02)
     top.set_ylabel("success")
