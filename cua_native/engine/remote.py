@@ -1,15 +1,20 @@
-"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (findings 5 and 11).
+"""AReaL 1.0.4's remote engine clients, made fit for CUA turns.
 
 ``prepare_remote_engine(engine)`` swaps the backend of an AReaL ``RemoteInfEngine`` (what a
 workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine`` and
 ``RemotevLLMEngine`` wrap one as ``_engine``) for a subclass of AReaL's own backend that
 
-- reports each call's prompt to the turn's ``PromptReport`` (``cua_native.engine.prompt_report``):
-  SGLang's ``meta_info.prompt_tokens``; vLLM's ``usage.prompt_tokens`` and ``prompt_token_ids``,
-  which it asks for with ``return_token_ids`` (vLLM >= 0.10.2; older servers ignore the field
-  and report the count only);
+- reports each call's prompt to the turn's ``PromptReport`` (``cua_native.engine.prompt_report``).
+  What is compared, per backend: on SGLang the **count** only (``meta_info.prompt_tokens``;
+  SGLang's ``/generate`` returns no prompt ids); on vLLM the **ids** (``prompt_token_ids``,
+  asked for with ``return_token_ids``, vLLM >= 0.10.2) and the count (``usage.prompt_tokens``),
+  the count alone on older servers, which ignore the field;
+- on SGLang, sends a vision turn with one image pad per image, which SGLang's multimodal
+  processor expands into exactly the builder's ids (``cua_native.engine.sglang_vision``: ids
+  sent expanded fail there), and restarts a turn that a pause aborted instead of continuing it
+  from ``prompt + partial``, which the server would decode and re-tokenize;
 - on vLLM, restarts a chat (vision) turn that a pause aborted instead of concatenating the
-  partial and a fresh answer (``RestartingVLLMBackend``, finding 5);
+  partial and a fresh answer (``RestartingVLLMBackend``);
 - given ``weight_backend``, asks the servers for that collective backend in the xccl weight-update
   group request (AReaL names the sending process's own, wrong for rollout workers without GPUs:
   ``cua_native.training.attached_engines``).
@@ -27,6 +32,7 @@ from areal.engine.sglang_remote import SGLangBackend
 from areal.engine.vllm_remote import VLLMBackend
 
 from cua_native.engine.prompt_report import current_report
+from cua_native.engine.sglang_vision import sglang_vision_ids
 from cua_native.engine.vllm_restart import RestartingVLLMBackend
 
 
@@ -67,18 +73,37 @@ class _NamedWeightGroup:
 
 
 class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
-    """AReaL's SGLang backend that reports the server's prompt token count."""
+    """AReaL's SGLang backend that sends vision turns with one pad per image, restarts aborted
+    turns and reports the server's prompt token count.
+
+    Restart, never continue: AReaL's loop appends an aborted answer's tokens to ``input_ids``
+    and resubmits. With images, SGLang decodes and re-tokenizes those ids, and a partial whose
+    sampled split is not the tokenizer's own comes back as other ids, which would be trained on
+    as if the server had generated from them. An abort is therefore answered as "aborted before
+    any token" (AReaL's own empty-abort case): the loop keeps nothing of the partial and
+    re-sends the original request, answered entirely under the weights of the resubmission, as
+    on vLLM (``RestartingVLLMBackend``). Every CUA turn carries a screenshot, so this holds for
+    text-only requests too (they would continue exactly; restarting them costs only time)."""
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
     ) -> HttpRequest:
         _note_sent(req)
-        return super().build_generation_request(req, with_lora, version)
+        http = super().build_generation_request(req, with_lora, version)
+        http.payload["input_ids"] = sglang_vision_ids(req)
+        return http
 
     def parse_generation_response(self, response: dict[str, Any]) -> HttpGenerationResult:
         result = super().parse_generation_response(response)
         meta = response.get("meta_info") or {}
         _note_received(result, meta.get("prompt_tokens"), None)
+        if result.stop_reason == "abort" and result.output_tokens:
+            return HttpGenerationResult(
+                output_tokens=[],
+                output_logprobs=[],
+                stop_reason="abort",
+                routed_experts=None,
+            )
         return result
 
 

@@ -12,13 +12,15 @@ What it does keep exactly: prompt ids and vision inputs built the way the real s
 them, token logprobs under the engine's definition (``cua_native.engine.sampling``), and the
 abort semantics of a pause (``core.py``) that AReaL's interruptible rollout depends on.
 
-Abort and resubmission (finding 5 of issue 12):
+Abort and resubmission:
 
 * **SGLang**: a pause or a weight update aborts running requests; each answers
   ``finish_reason.type == "abort"`` with its partial tokens and logprobs, and AReaL's client
-  resubmits ``input_ids + partial`` with the same ``image_data``. The server rebuilds the same
-  vision inputs, so the continuation is exact: tokens before the abort carry the old weights'
-  logprobs, tokens after it the new weights'. Tested with AReaL's ``RemoteSGLangEngine``.
+  resubmits ``input_ids + partial`` with the same ``image_data``. With images the server (the
+  real one and this one, ``sglang_mm``) decodes those ids and re-tokenizes them, so a partial
+  whose sampled split is not the tokenizer's own comes back as other ids; the project's client
+  (``cua_native.engine.remote.CheckedSGLangBackend``) therefore restarts an aborted turn from
+  its original request, as on vLLM. Tested with AReaL's ``RemoteSGLangEngine``.
 * **vLLM, vision (chat) path**: the server answers an aborted chat request with its partial
   output, as vLLM does, but AReaL's client then re-sends the *original* messages (without the
   partial) and concatenates partial + a fresh answer. The server cannot repair this (the

@@ -3,15 +3,18 @@
 Routes and shapes follow sgl-project/sglang (``http_server.py``, ``tokenizer_manager.py``,
 ``schedule_batch.py``):
 
-* ``POST /generate`` with ``input_ids`` (or ``text``), ``image_data`` (base64 or data URIs, one
-  per image placeholder run), ``sampling_params``, ``return_logprob``. Answer: ``text``,
+* ``POST /generate`` with ``input_ids`` (or ``text``), ``image_data`` (base64 or data URIs),
+  ``sampling_params``, ``return_logprob``. With images, the ids are decoded and run through
+  the model's processor as SGLang's multimodal processor does (``sglang_mm``): one pad per
+  image is expanded, pads already expanded fail (500). Answer: ``text``,
   ``output_ids`` and ``meta_info`` with ``id``, ``finish_reason`` (``{"type": "stop",
   "matched": …}``, ``{"type": "length", "length": n}`` or ``{"type": "abort", "message": …}``),
   ``prompt_tokens``, ``completion_tokens`` and, with ``return_logprob``,
   ``output_token_logprobs`` as ``[logprob, token_id, null]`` triples. A request aborted before
   its first token answers SGLang's ``"Abort before prefill"`` with ``prompt_tokens: 0`` and no
   tokens; one aborted while running answers ``"Aborted"`` with the tokens so far, which AReaL
-  resubmits as ``input_ids + partial`` (exact continuation).
+  resubmits as ``input_ids + partial`` (with images the server re-tokenizes that text, so the
+  project's client restarts such a turn instead: ``cua_native.engine.remote``).
 * ``GET /health``, ``GET|POST /flush_cache``, ``POST /pause_generation`` (``mode`` ``abort``,
   the default; ``retract``/``in_place`` are refused), ``POST /continue_generation``,
   ``POST /update_weights_from_disk`` (``model_path``, ``abort_all_requests``),
@@ -23,6 +26,7 @@ routed experts, memory release/resume.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -34,6 +38,7 @@ from pydantic import BaseModel
 
 from cua_native.engine.serve.core import RequestError, ServedModel
 from cua_native.engine.serve.params import sglang_gconfig
+from cua_native.engine.serve.sglang_mm import processed_by_the_server
 from cua_native.engine.serve.wire import finish_detail, image_list, read_json, token_ids
 
 ABORT_BEFORE_PREFILL = "Abort before prefill"
@@ -102,14 +107,19 @@ def _request(served: ServedModel, body: dict[str, Any]) -> tuple[ModelRequest, b
     else:
         raise RequestError("give input_ids (a list of token ids) or text (a string)")
     gconfig, seed = sglang_gconfig(body.get("sampling_params"), served.max_context)
+    images = image_list(body.get("image_data"))
+    metadata: dict[str, Any] = {} if seed is None else {"seed": seed}
+    if images:
+        ids, tensors = processed_by_the_server(served.processor, ids, images)
+        metadata["multi_modal_input"] = tensors
     req = ModelRequest(
         rid=str(body.get("rid") or uuid.uuid4().hex),
         input_ids=ids,
         gconfig=gconfig,
-        image_data=image_list(body.get("image_data")),
+        image_data=images,
         processor=served.processor,
         tokenizer=served.tokenizer,
-        metadata={} if seed is None else {"seed": seed},
+        metadata=metadata,
     )
     skip_special = bool((body.get("sampling_params") or {}).get("skip_special_tokens", True))
     return req, skip_special
@@ -177,7 +187,8 @@ def sglang_router(served: ServedModel) -> APIRouter:
     @router.post("/generate")
     async def generate(request: Request) -> JSONResponse:
         body = await read_json(request)
-        req, skip_special = _request(served, body)
+        # decoding images and running the processor is CPU work: off the event loop
+        req, skip_special = await asyncio.to_thread(_request, served, body)
         start = time.perf_counter()
         resp = await served.generate(req)
         return JSONResponse(

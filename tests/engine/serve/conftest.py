@@ -27,6 +27,7 @@ from areal.utils.name_resolve import NfsNameRecordRepository
 from PIL import Image
 
 from cua_native.engine import InProcessEngine
+from cua_native.engine.remote import prepare_remote_engine
 from cua_native.engine.serve import ServedModel, build_app
 from cua_native.prompts.images import prepare_image, sizing_from_processor
 from cua_native.prompts.request import model_request, run_processor
@@ -136,11 +137,14 @@ def client_config(backend: str, **overrides: Any) -> InferenceEngineConfig:
 
 
 @contextmanager
-def areal_client(cls: type, addr: str, **overrides: Any) -> Iterator[Any]:
-    """AReaL's ``RemoteSGLangEngine``/``RemotevLLMEngine`` attached to ``addr``."""
+def areal_client(cls: type, addr: str, *, checked: bool = False, **overrides: Any) -> Iterator[Any]:
+    """AReaL's ``RemoteSGLangEngine``/``RemotevLLMEngine`` attached to ``addr``; ``checked``:
+    with the project's backend installed (``prepare_remote_engine``, as the workflow does)."""
     backend = "sglang" if "SGLang" in cls.__name__ else "vllm"
     client = cls(client_config(backend, **overrides))
     client.initialize(addr=addr)
+    if checked:
+        prepare_remote_engine(client)
     try:
         yield client
     finally:

@@ -127,7 +127,7 @@ async def test_xccl_weight_update_through_the_cli_server(
     group = None
     with (
         served_process(tiny.path, backend, tmp_path / "server.log") as addr,
-        sk.areal_client(client_cls, addr) as client,
+        sk.areal_client(client_cls, addr, checked=True) as client,
     ):
         before = await client.agenerate(req)
         joined = client.init_weights_update_group(meta)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 import httpx
@@ -17,7 +16,8 @@ SAMPLED = GenerationHyperparameters(max_new_tokens=16, temperature=1.0, top_p=0.
 
 async def test_generate_matches_the_in_process_engine(kit: Any, sk: Any, tiny: Any) -> None:
     """Greedy and seeded sampling, a processor-built prompt and one from the project's prompt
-    pipeline: the server rebuilds the vision inputs from ids + base64 images exactly."""
+    pipeline, through AReaL's client with the project's backend (one pad per image on the
+    wire): the server expands the pads back into exactly the prompt's ids."""
     reference = kit.engine()
     engine = kit.engine()
     requests = [
@@ -29,9 +29,11 @@ async def test_generate_matches_the_in_process_engine(kit: Any, sk: Any, tiny: A
         expected = [await reference.agenerate(r) for r in requests]
         with (
             sk.serving(engine, "sglang") as srv,
-            sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
+            sk.areal_client(RemoteSGLangEngine, srv.addr, checked=True) as client,
         ):
+            spy = sk.GenerateSpy(srv.served)
             got = [await client.agenerate(sk.on_wire(r)) for r in requests]
+        assert spy.entered == [r.input_ids for r in requests]  # the server's ids are ours
         for out, ref in zip(got, expected, strict=True):
             assert out.output_tokens == ref.output_tokens
             assert out.output_logprobs == pytest.approx(ref.output_logprobs, abs=1e-5)
@@ -42,47 +44,72 @@ async def test_generate_matches_the_in_process_engine(kit: Any, sk: Any, tiny: A
         engine.destroy()
 
 
+async def test_stock_areal_client_sends_expanded_pads_and_the_server_fails(
+    kit: Any, sk: Any
+) -> None:
+    """AReaL 1.0.4's own SGLang backend sends the expanded ids; SGLang's processor (and the
+    stand-in, which follows it) expands them again and fails: every vision turn is lost."""
+    engine = kit.engine()
+    try:
+        with (
+            sk.serving(engine, "sglang") as srv,
+            sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
+        ):
+            with pytest.raises(RuntimeError, match="500"):
+                await client.agenerate(sk.on_wire(kit.vision_request(GREEDY)))
+    finally:
+        engine.destroy()
+
+
 async def test_generate_answer_has_sglang_shape(kit: Any, sk: Any) -> None:
     engine = kit.engine()
     req = kit.vision_request(GenerationHyperparameters(max_new_tokens=4, greedy=True))
+    pad = engine.model.config.image_token_id
+    one_pad = [t for i, t in enumerate(req.input_ids) if t != pad or req.input_ids[i - 1] != pad]
     payload = {
-        "input_ids": req.input_ids,
+        "input_ids": one_pad,
         "image_data": [f"data:image/png;base64,{req.image_data[0]}"],
         "sampling_params": {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True},
         "return_logprob": True,
         "stream": False,
     }
-    pad = engine.model.config.image_token_id
-    one_pad_short = list(req.input_ids)
-    one_pad_short.remove(pad)
+    no_block = [t for t in one_pad if t != pad]
     try:
         with sk.serving(engine, "sglang") as srv:
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
                 body = (await http.post("/generate", json=payload)).json()
-                bad = await http.post("/generate", json={**payload, "input_ids": one_pad_short})
+                expanded = await http.post(
+                    "/generate", json={**payload, "input_ids": req.input_ids}
+                )
+                bad = await http.post("/generate", json={**payload, "input_ids": no_block})
                 health = await http.get("/health")
                 flush = await http.post("/flush_cache")
         meta = body["meta_info"]
-        assert meta["prompt_tokens"] == len(req.input_ids)  # finding 11: prompt ids checkable
+        assert meta["prompt_tokens"] == len(req.input_ids)  # the server's own expansion
         assert meta["completion_tokens"] == 4
         assert meta["finish_reason"] == {"type": "length", "length": 4}
         assert [t for _, t, _ in meta["output_token_logprobs"]] == body["output_ids"]
+        assert expanded.status_code == 500  # expanded twice, as SGLang 0.5.10.post1 does
+        assert "expanded again" in expanded.json()["error"]["message"]
         assert bad.status_code == 400
-        assert "placeholder" in bad.json()["error"]["message"]
+        assert "image blocks" in bad.json()["error"]["message"]
         assert health.status_code == 200
         assert flush.status_code == 200
     finally:
         engine.destroy()
 
 
-async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, sk: Any) -> None:
+async def test_pause_aborts_in_flight_and_the_turn_restarts(kit: Any, sk: Any) -> None:
+    """A pause aborts the turn 6 tokens in; the project's backend drops the partial and AReaL's
+    loop resubmits the original request (never ``prompt + partial``, which the server would
+    re-tokenize), which completes whole."""
     reference, engine = kit.engine(), kit.engine()
     prompt = kit.vision_request(GREEDY).input_ids
     try:
         full = await reference.agenerate(kit.vision_request(GREEDY))
         with (
             sk.serving(engine, "sglang") as srv,
-            sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
+            sk.areal_client(RemoteSGLangEngine, srv.addr, checked=True) as client,
         ):
             spy = sk.GenerateSpy(srv.served)
 
@@ -95,9 +122,9 @@ async def test_pause_aborts_in_flight_and_the_resubmission_completes(kit: Any, s
             out = await sk.abort_mid_turn(
                 engine, client, kit.vision_request(GREEDY), while_paused, rollout_pause=False
             )
-        assert spy.entered == [prompt, prompt + full.output_tokens[:6]]
-        assert spy.answered == [("abort", 6), ("length", 18)]
-        assert out.output_tokens == full.output_tokens  # exact continuation
+        assert spy.entered == [prompt, prompt]  # a restart, not a continuation
+        assert spy.answered == [("abort", 6), ("length", 24)]
+        assert out.output_tokens == full.output_tokens
         assert out.output_logprobs == pytest.approx(full.output_logprobs, abs=1e-5)
         assert out.input_tokens == prompt
         assert out.stop_reason == "length"
@@ -145,15 +172,16 @@ async def test_queued_requests_abort_before_prefill(kit: Any, sk: Any) -> None:
 
 async def test_weight_update_from_disk_mid_turn(kit: Any, sk: Any, disk_update: Any) -> None:
     """AReaL's disk update flow (pause, update with abort, continue) while a turn is running:
-    the turn keeps the old weights' tokens and continues exactly under the new ones."""
+    the turn restarts and is the new weights' answer, whole, every token of version 1."""
     update = disk_update(1)
     old, new, engine = kit.engine(), kit.engine(), kit.engine()
     new.update_weights_from_disk(update.path).result()
     try:
         before = await old.agenerate(kit.vision_request(GREEDY))
+        after = await new.agenerate(kit.vision_request(GREEDY))
         with (
             sk.serving(engine, "sglang") as srv,
-            sk.areal_client(RemoteSGLangEngine, srv.addr) as client,
+            sk.areal_client(RemoteSGLangEngine, srv.addr, checked=True) as client,
         ):
             out = await sk.abort_mid_turn(
                 engine,
@@ -163,17 +191,10 @@ async def test_weight_update_from_disk_mid_turn(kit: Any, sk: Any, disk_update: 
                 rollout_pause=False,
             )
             fresh = await client.agenerate(sk.on_wire(kit.vision_request(GREEDY)))
-        head = before.output_tokens[:6]
-        resumed = kit.vision_request(dataclasses.replace(GREEDY, max_new_tokens=18))
-        resumed.input_ids = resumed.input_ids + head
-        tail = await new.agenerate(resumed)
-        assert out.output_tokens == head + tail.output_tokens
-        assert out.output_logprobs == pytest.approx(
-            before.output_logprobs[:6] + tail.output_logprobs, abs=1e-5
-        )
-        assert out.output_versions == [0] * 6 + [1] * 18
-        after = await new.agenerate(kit.vision_request(GREEDY))
-        assert fresh.output_tokens == after.output_tokens != before.output_tokens
+        assert out.output_tokens == after.output_tokens != before.output_tokens
+        assert out.output_logprobs == pytest.approx(after.output_logprobs, abs=1e-5)
+        assert out.output_versions == [1] * 24
+        assert fresh.output_tokens == after.output_tokens
     finally:
         for e in (old, new, engine):
             e.destroy()
