@@ -46,11 +46,15 @@ class CUAvLLMConfig(vLLMConfig):
 
     Many screenshots per prompt and long histories need a 256k context and 64 images per
     prompt; screenshots given as URLs need their hosts allow-listed (vLLM refuses others).
+    ``logprobs_mode``: vLLM's default, ``raw_logprobs``, reports ``log_softmax`` of the raw
+    logits, without temperature; ``processed_logprobs`` (vLLM >= 0.10.0) reports the log-probs
+    of the distribution tokens are sampled from, which PPO's importance weights need.
     """
 
     max_model_len: int | None = 262144
     limit_mm_per_prompt: str = '{"image": 64}'
     allowed_media_domains: list[str] = field(default_factory=list)
+    logprobs_mode: str = "processed_logprobs"
 
 
 @dataclass

@@ -10,6 +10,11 @@ if ! command -v uv >/dev/null 2>&1; then
 fi
 uv sync --frozen --compile-bytecode
 
+# The real inference servers' own code (SGLang, vLLM) in environments of their own, for
+# tests/conformance; required here, so those tests fail rather than skip without them.
+bash scripts/conformance_envs.sh
+export CUA_REQUIRE_CONFORMANCE=1
+
 if [ -f .ci/services.sh ]; then
   # shellcheck source=/dev/null
   source .ci/services.sh

@@ -16,7 +16,8 @@ left at AReaL's default (``docs/design-notes.md``, "The cluster path"):
   sequences (only flash attention's varlen path does): handled by the CUA actor, which then
   puts one sequence in each micro-batch (``packs_sequences``);
 - ``cua.agent.prompt.max_pixels`` unset or above the model processor's budget: the server
-  resizes the image again and the prompt ids drift from the trainer's.
+  resizes the image again and the prompt ids drift from the trainer's;
+- the inference server's own settings (``cua_native.training.server_checks``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from cua_native.config import ConfigError, LoadedConfig
+from cua_native.training.server_checks import check_server_settings
 
 SCHEDULERS = ("local", "ray", "slurm")
 BACKENDS = ("sglang", "vllm")
@@ -115,6 +117,7 @@ def check_cluster_config(loaded: LoadedConfig) -> None:
             f"must equal cua.agent.gym.allowed_media_domains ({gym_domains}); leave it unset "
             "and the loader copies the gym's list",
         )
+    check_server_settings(loaded)
 
 
 def pixel_budget(processor: Any) -> tuple[int, int]:

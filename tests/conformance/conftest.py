@@ -67,9 +67,7 @@ def run_probe(env: str, probe: str, job: dict[str, Any], tmp: Path) -> dict[str,
     python = server_python(env)
     job_path, out_path = tmp / f"{probe}.job.json", tmp / f"{probe}.out.json"
     job_path.write_text(json.dumps(job))
-    env_vars = {
-        k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))
-    }
+    env_vars = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env_vars.update(
         {"PYTHONPATH": str(PROBES), "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
     )
@@ -103,7 +101,10 @@ class ScriptedEngine:
         text = self.dialect.format(
             Click(x=0.5, y=0.3 + 0.1 * len(self.requests)), thought="Open the next screen."
         )
-        ids = [*self.tokenizer(text)["input_ids"], self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        ids = [
+            *self.tokenizer(text)["input_ids"],
+            self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        ]
         return ModelResponse(
             input_tokens=list(req.input_ids),
             output_tokens=ids,

@@ -81,7 +81,11 @@ async def tokenize(manager: TokenizerManager, payload: dict[str, Any]) -> dict[s
         grid = (getattr(item, "model_specific_data", None) or {}).get("image_grid_thw")
         if grid is not None:
             grids.extend(grid.reshape(-1, 3).tolist())
-    return {"input_ids": [int(t) for t in tokenized.input_ids], "image_grid_thw": grids, "error": None}
+    return {
+        "input_ids": [int(t) for t in tokenized.input_ids],
+        "image_grid_thw": grids,
+        "error": None,
+    }
 
 
 async def main(job: dict[str, Any]) -> dict[str, Any]:
