@@ -5,10 +5,11 @@ other log-probs than the trainer assumes; each gives one ``ConfigError`` naming 
 before any worker, server or model starts. ``tests/conformance`` runs the servers' own code
 behind every rule.
 
-- **SGLang** builds a vision turn's ids itself (its multimodal processor expands the one pad
-  per image the project sends: ``cua_native.engine.sglang_vision``). ``sglang.skip_tokenizer_init``
-  sends it down its legacy loader instead, which collapses and re-expands pads differently per
-  release; refused.
+- **SGLang** builds a vision turn's ids itself: its multimodal processor decodes the ids the
+  project sends (one pad per image, ``cua_native.engine.sglang_vision``) with the tokenizer of
+  ``sglang.model_path`` and expands the pads with that directory's processor (both loaders,
+  ``skip_tokenizer_init`` or not). ``sglang.model_path`` must therefore be ``actor.path``: any
+  other tokenizer or processor builds other ids.
 - **vLLM** reports raw log-probs (no temperature, no top-p/top-k) unless
   ``vllm.logprobs_mode`` is ``processed_logprobs``; a sampling setting that changes the
   distribution with another mode is refused, and so is a vLLM older than 0.10.0 (no such mode)
@@ -67,11 +68,12 @@ def changes_distribution(loaded: LoadedConfig) -> bool:
 
 
 def check_sglang(loaded: LoadedConfig) -> None:
-    if loaded.areal.sglang.skip_tokenizer_init:
+    model_path, actor_path = loaded.areal.sglang.model_path, loaded.areal.actor.path
+    if model_path != actor_path:
         _fail(
-            "sglang.skip_tokenizer_init",
-            "must be false: with it SGLang's multimodal processor takes its legacy loader and "
-            "the ids it runs are not provably the prompt builder's",
+            "sglang.model_path",
+            f"must be actor.path ({actor_path!r}), got {model_path!r}: SGLang re-tokenizes each "
+            "prompt and expands its images with this directory's tokenizer and processor",
         )
 
 

@@ -68,6 +68,23 @@ def cases(corpus: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
                 ids = req.input_ids if kind != "continued" else [*req.input_ids, *partial]
                 expected[key] = {"input_ids": ids, "image_grid_thw": grid}
     job = [{"model_dir": str(d), "cases": c} for d, c in groups.items()]
+    # SGLang's legacy loader (``skip_tokenizer_init``): the same payloads, the same ids
+    for turns in corpus.all():
+        if turns.budget != "tiny":
+            continue
+        legacy = []
+        for index, req in enumerate(turns.requests):
+            key = f"{turns.family}-{turns.budget}-{index + 1}img-legacy"
+            legacy.append({"name": key, "payload": payload(CheckedSGLangBackend(), req)})
+            grid = req.metadata["multi_modal_input"]["image_grid_thw"].tolist()
+            expected[key] = {"input_ids": req.input_ids, "image_grid_thw": grid}
+        job.append(
+            {
+                "model_dir": str(turns.model_dir),
+                "server_args": {"skip_tokenizer_init": True},
+                "cases": legacy,
+            }
+        )
     return job, expected
 
 
@@ -88,7 +105,9 @@ def test_every_vision_turn_arrives_as_our_exact_ids(answers: Any) -> None:
     env, got, expected = answers
     ours = [k for k in expected if k.endswith("-ours")]
     assert len(ours) == 12  # 2 families x 2 budgets x 3 turns (1-3 screenshots)
-    for key in ours:
+    legacy = [k for k in expected if k.endswith("-legacy")]
+    assert len(legacy) == 6  # the tiny budget again, with sglang.skip_tokenizer_init
+    for key in ours + legacy:
         assert got[key]["error"] is None, f"{env} {key}: {got[key]['error']}"
         assert got[key]["input_ids"] == expected[key]["input_ids"], f"{env} {key}"
         assert got[key]["image_grid_thw"] == expected[key]["image_grid_thw"], f"{env} {key}"

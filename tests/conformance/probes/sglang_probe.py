@@ -1,7 +1,8 @@
 """Run SGLang's own ``/generate`` request handling on the project's payloads (CPU, no server).
 
 Usage (inside a ``.conformance/sglang-*`` environment): ``python sglang_probe.py JOB OUT``.
-JOB: ``{"groups": [{"model_dir": ..., "cases": [{"name": ..., "payload": {...}}]}]}``.
+JOB: ``{"groups": [{"model_dir": ..., "server_args": {...}, "cases": [{"name": ..., "payload":
+{...}}]}]}`` (``server_args``: extra ``ServerArgs`` fields, e.g. ``skip_tokenizer_init``).
 For each payload this does what SGLang's HTTP server does with a ``POST /generate`` body, up
 to the hand-over to the scheduler: ``GenerateReqInput(**payload)`` (the FastAPI body model),
 then ``TokenizerManager.generate_request``, which normalizes the request, runs the model's
@@ -52,8 +53,8 @@ def publish(args: ServerArgs) -> None:
         runtime_publish(args, role="tokenizer")
 
 
-def tokenizer_manager(model_dir: str) -> TokenizerManager:
-    args = ServerArgs(model_path=model_dir, device="cpu", enable_multimodal=True)
+def tokenizer_manager(model_dir: str, extra: dict[str, Any]) -> TokenizerManager:
+    args = ServerArgs(model_path=model_dir, device="cpu", enable_multimodal=True, **extra)
     publish(args)
     manager = TokenizerManager(args, PortArgs.init_new(args))
 
@@ -91,7 +92,7 @@ async def tokenize(manager: TokenizerManager, payload: dict[str, Any]) -> dict[s
 async def main(job: dict[str, Any]) -> dict[str, Any]:
     results = []
     for group in job["groups"]:
-        manager = tokenizer_manager(group["model_dir"])
+        manager = tokenizer_manager(group["model_dir"], group.get("server_args") or {})
         for case in group["cases"]:
             answer = await tokenize(manager, case["payload"])
             results.append({"name": case["name"], **answer})
