@@ -38,7 +38,7 @@ from cua_native.config import WarmStart
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.rollout.dataset import TaskSource, select_tasks
 from cua_native.rollout.factories import tokenizer_corpus
-from cua_native.training.outcomes import paired_difference, task_interval
+from cua_native.rollout.outcomes import paired_difference, task_interval
 
 BIG = TinySpec(
     hidden_size=768,

@@ -28,9 +28,9 @@ from typing import Any
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
+from cua_native.rollout.outcomes import TaskOutcomes
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
-from cua_native.training.outcomes import TaskOutcomes
 from cua_native.training.task_order import TaskOrder
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from sqlalchemy import Connection, RowMapping
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from cua_native.monitor.service.bulk import chunks
-from cua_native.monitor.service.schema import Rollout, StepGroup
+from cua_native.monitor.db.bulk import chunks
+from cua_native.monitor.db.schema import Rollout, StepGroup
 
 TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
 SHARE_COLUMNS = tuple(
