@@ -1,4 +1,5 @@
-"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (findings 5 and 11).
+"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (docs/design-notes.md:
+#vllm-chat-abort, #server-prompt-check).
 
 ``prepare_remote_engine(engine)`` swaps the backend of an AReaL ``RemoteInfEngine`` (what a
 workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine`` and
@@ -9,7 +10,7 @@ workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine``
   which it asks for with ``return_token_ids`` (vLLM >= 0.10.2; older servers ignore the field
   and report the count only);
 - on vLLM, restarts a chat (vision) turn that a pause aborted instead of concatenating the
-  partial and a fresh answer (``RestartingVLLMBackend``, finding 5);
+  partial and a fresh answer (``RestartingVLLMBackend``);
 - given ``weight_backend``, asks the servers for that collective backend in the xccl weight-update
   group request (AReaL names the sending process's own, wrong for rollout workers without GPUs:
   ``cua_native.training.attached_engines``).

@@ -63,7 +63,7 @@ async def test_generate_answer_has_sglang_shape(kit: Any, sk: Any) -> None:
                 health = await http.get("/health")
                 flush = await http.post("/flush_cache")
         meta = body["meta_info"]
-        assert meta["prompt_tokens"] == len(req.input_ids)  # finding 11: prompt ids checkable
+        assert meta["prompt_tokens"] == len(req.input_ids)  # the server prompt check
         assert meta["completion_tokens"] == 4
         assert meta["finish_reason"] == {"type": "length", "length": 4}
         assert [t for _, t, _ in meta["output_token_logprobs"]] == body["output_ids"]
