@@ -13,7 +13,8 @@ missed turn's reply.
 
 A gap between the two phones is imitation that does not generalise; misses on the
 demonstration phones are turns the warm start has not learned, whose tasks RL then rarely
-sees succeed (docs/design-notes.md, notes 22 and 33).
+sees succeed (docs/design-notes.md:
+#stronger-warm-start, #warm-start-caps-the-gpu-run).
 """
 
 from __future__ import annotations

@@ -4,18 +4,20 @@ locally), warm-started on every training-split sim task, then GRPO with more tas
     uv run python bench/learning_gpu.py --out runs/learning-gpu [--seed S] [KEY=VALUE ...]
 
 The warm start: 1,000 steps of 8 demonstrated turns (26 tasks on phones 0-3, lr 5e-4; 400
-steps left a fifth of its own turns unlearned, note 33), with the embedded default's early
-stops: each demonstrated path that has a step after its first action and before its last also
-ends once, on a step drawn among those, with ``terminate(success)`` (``--early-stop-share 1.0
---early-stop-after 1``; one-action paths get none; ``--early-stop-share 0`` keeps clean paths,
-note 34). Its other settings are the bench's own (no goal in the thought, unlike
-``configs/default.yaml``). Every step plays every training task (26 tasks x 4 episodes, each
-task on its next phone), as the embedded default does; no KL term (no reference forward per
-row), learning rate 1e-4 (at 2e-4 one run collapsed into short, failing episodes, note 26).
+steps left a fifth of its own turns unlearned: docs/design-notes.md#warm-start-caps-the-gpu-run),
+with the embedded default's early stops: each demonstrated path that has a step after its first
+action and before its last also ends once, on a step drawn among those, with
+``terminate(success)`` (``--early-stop-share 1.0 --early-stop-after 1``; one-action paths get
+none; ``--early-stop-share 0`` keeps clean paths, docs/design-notes.md#learned-turns). Its other
+settings are the bench's own (no goal in the thought, unlike ``configs/default.yaml``). Every
+step plays every training task (26 tasks x 4 episodes, each task on its next phone), as the
+embedded default does; no KL term (no reference forward per row), learning rate 1e-4 (at 2e-4
+one run collapsed into short, failing episodes: docs/design-notes.md#every-task-every-step).
 20 steps, evaluated after the 10th and the 20th (``e9``, ``e19`` in the monitor; more steps
-gained nothing in note 32). The model's rotary base is 1e4, not Qwen3-VL's 5e6
-(``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
-Figures: docs/design-notes.md, notes 26-34; logs in bench/results/learning_note*/.
+gained nothing: docs/design-notes.md#early-stop-after-progress). The model's rotary base is 1e4,
+not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
+Figures: docs/design-notes.md: #every-task-every-step to #learned-turns; logs in
+bench/results/learning_note*/.
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
 training step uses, so one evaluation measures both: the **training tasks on new seeds** and
@@ -38,7 +40,7 @@ from cua_native.config import WarmStart
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.rollout.dataset import TaskSource, select_tasks
 from cua_native.rollout.factories import tokenizer_corpus
-from cua_native.training.outcomes import paired_difference, task_interval
+from cua_native.rollout.outcomes import paired_difference, task_interval
 
 BIG = TinySpec(
     hidden_size=768,
@@ -189,7 +191,7 @@ def main() -> int:
         "--rope-theta",
         type=float,
         default=BIG.rope_theta,
-        help="the model's rotary base (Qwen3-VL's own is 5e6; note 27)",
+        help="the model's rotary base (Qwen3-VL's own is 5e6; docs/design-notes.md#rotary-base)",
     )
     parser.add_argument(
         "--warm-gym-seeds",
@@ -208,14 +210,16 @@ def main() -> int:
         type=float,
         default=1.0,
         help="share of demonstrated paths that also stop early at one step "
-        "(cua.warm_start.early_stop_share; note 31)",
+        "(cua.warm_start.early_stop_share; "
+        "docs/design-notes.md#imperfect-demonstrator)",
     )
     parser.add_argument(
         "--early-stop-after",
         type=int,
         default=1,
         help="an early stop falls only after this many of the path's actions "
-        "(cua.warm_start.early_stop_after; the embedded default uses 1; note 32)",
+        "(cua.warm_start.early_stop_after; the embedded default uses 1; "
+        "docs/design-notes.md#early-stop-after-progress)",
     )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()

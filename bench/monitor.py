@@ -22,7 +22,7 @@ from cua_native.actions.models import Click, Terminate
 from cua_native.gym.protocol import Evaluation, Observation, Screenshot, StepResult, Task
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import SqlSink
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.rollout.records import EndReason, EpisodeContext, EpisodeRecord, TurnRecord
 
 

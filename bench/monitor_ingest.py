@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db.store import MonitorStore
 
 
 def episode_records(tag: str, index: int, turns: int, step: str) -> dict[str, list[Any]]:

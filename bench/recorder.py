@@ -32,7 +32,7 @@ from typing import Any
 from cua_native.config import load_config
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import SqlSink, destination_id
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.rollout.episode import run_episode
 from cua_native.rollout.factories import (
     load_engine,

@@ -1,4 +1,5 @@
-"""AReaL 1.0.4's remote engine clients, made fit for CUA turns.
+"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (docs/design-notes.md:
+#vllm-chat-abort, #server-prompt-check).
 
 ``prepare_remote_engine(engine)`` swaps the backend of an AReaL ``RemoteInfEngine`` (what a
 workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine`` and

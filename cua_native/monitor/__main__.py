@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except cli_checks.BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    from cua_native.monitor.service.store import MonitorStore
+    from cua_native.monitor.db.store import MonitorStore
 
     try:
         store = MonitorStore.open(args.db, run_dir=_run_dir(args))

@@ -28,9 +28,9 @@ from typing import Any
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
+from cua_native.rollout.outcomes import TaskOutcomes
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
-from cua_native.training.outcomes import TaskOutcomes
 from cua_native.training.task_order import TaskOrder
 
 logger = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class StepSummary:
     turns_mean: float
     samples: int
     uniform_groups: int = 0
-    """Groups whose episodes all earned the same reward (no GRPO signal); with
-    ``cua.skip_uniform_groups`` they are left out of the update."""
+    """Uniform groups: their episodes all earned the same reward, so they carry no GRPO signal;
+    with ``cua.skip_uniform_groups`` they are left out of the update."""
     loss: float | None = None
     grad_norm: float | None = None
     seconds: float = 0.0
@@ -67,14 +67,14 @@ class StepSummary:
         return (
             f"{self.step:>4} {self.episodes:>8} {self.success_rate:>8.0%} "
             f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
-            f"{self.samples:>7} {self.uniform_groups:>5} {loss} {adv} {gap} {grad} "
+            f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
             f"{self.seconds:>6.1f}"
         )
 
 
 STEP_TABLE_HEADER = (
     f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
-    f"{'samples':>7} {'flat':>5} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
+    f"{'samples':>7} {'uniform':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
 )
 """Columns of the step table: what ``print_report`` prints at the end of a run and, without
 progress bars, the trainer prints as each step finishes."""
@@ -140,10 +140,11 @@ def _eval_due(every: int, step: int, total_steps: int) -> bool:
     return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
 
 
-def _carries_signal(group: dict[str, Any]) -> bool:
-    """Whether a group's rows have a non-zero (group-normalised) reward; equal rewards give
-    0 up to rounding (a mean of equal floats may differ from them in the last bit)."""
-    return bool(group["rewards"].abs().max() > 1e-6)
+def _is_uniform(group: dict[str, Any]) -> bool:
+    """Whether a group is uniform: its rows' (group-normalised) rewards are all 0, as equal
+    episode rewards give up to rounding (a mean of equal floats may differ from them in the
+    last bit)."""
+    return not bool(group["rewards"].abs().max() > 1e-6)
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
@@ -369,10 +370,10 @@ class EmbeddedTrainer:
             results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
             batch = [r for r in results if r is not None]
             rejected = len(results) - len(batch)
-            signal = [_carries_signal(b) for b in batch]
-            uniform = signal.count(False)
+            uniform_flags = [_is_uniform(b) for b in batch]
+            uniform = uniform_flags.count(True)
             if cua.skip_uniform_groups:
-                batch = [b for b, has in zip(batch, signal, strict=True) if has]
+                batch = [b for b, flag in zip(batch, uniform_flags, strict=True) if not flag]
             summary = StepSummary(
                 step=step,
                 episodes=tally.completed,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cua_native.rollout.outcomes import Interval, paired_difference, task_interval
 from cua_native.training.embedded import STEP_TABLE_HEADER, TrainReport
-from cua_native.training.outcomes import Interval, paired_difference, task_interval
 
 
 @dataclass(frozen=True, slots=True)

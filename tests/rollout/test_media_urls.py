@@ -1,6 +1,7 @@
-"""Screenshot URLs end to end (finding 8): the workflow and ``evaluate`` give the prompt builder
-an HTTP client and the run's one allow-list (``cua.agent.gym.allowed_media_domains``), and every
-fetch goes through ``gym.media``'s SSRF rules. A real loopback server serves the screenshots as
+"""Screenshot URLs end to end (docs/design-notes.md#media-allow-list): the workflow and
+``evaluate`` give the prompt builder an HTTP client and the run's one allow-list
+(``cua.agent.gym.allowed_media_domains``), and every fetch goes through ``gym.media``'s SSRF
+rules. A real loopback server serves the screenshots as
 PNG links, the way a gym hands out presigned object-store URLs."""
 
 from __future__ import annotations

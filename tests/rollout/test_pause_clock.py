@@ -1,4 +1,4 @@
-"""Timeouts that exclude the trainer's pauses (issue 12, finding 6)."""
+"""Timeouts that exclude the trainer's pauses (docs/design-notes.md#pause-clock)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Load-time checks of the cluster configs (findings 1-4, 8, 12, 13, 14 of issue 12): every
+"""Load-time checks of the cluster configs (the cluster path's findings,
+docs/design-notes.md: #cluster-scheduler-type to #attach-without-build-args): every
 shipped cluster config passes them, and each rule gives one error naming its field."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CUA worker environment reaches Ray and Slurm workers through AReaL's scheduling specs
-(issue 12, finding 10), checked with AReaL's own Ray scheduler code that turns a spec into a
-worker's environment."""
+(docs/design-notes.md#worker-environment), checked with AReaL's own Ray scheduler code that
+turns a spec into a worker's environment."""
 
 from __future__ import annotations
 

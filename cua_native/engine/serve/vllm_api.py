@@ -19,7 +19,8 @@ Shapes follow vllm-project/vllm (``entrypoints/openai``) and AReaL's
   engine (aborting what runs), loads, and resumes the engine, exactly like AReaL's server.
 
 What AReaL's client does with an aborted chat answer is the subject of
-``cua_native.engine.vllm_restart`` (finding 5: it concatenates partial + restart).
+``cua_native.engine.vllm_restart`` (it concatenates partial + restart:
+docs/design-notes.md#vllm-chat-abort).
 Not served (clear 400): streaming, LoRA, top-k alternatives, prompt logprobs, sleep/wake-up.
 """
 

@@ -26,7 +26,7 @@ def _sink(meta: dict[str, str], token: str | None, db_url: str | None) -> Sink:
     address = meta["address"]
     if meta["kind"] == "http":
         return HttpSink(address, token)
-    from cua_native.monitor.service.store import MonitorStore, make_engine
+    from cua_native.monitor.db.store import MonitorStore, make_engine
 
     url = db_url if db_url and "***" in address else address
     if "***" in url:

@@ -636,7 +636,7 @@ def recorder_from_config(
     The store (SQLAlchemy, Alembic) is imported only when a database is named."""
     sinks: list[Sink] = []
     if db_url is not None:
-        from cua_native.monitor.service.store import MonitorStore
+        from cua_native.monitor.db.store import MonitorStore
 
         url = None if db_url in ("", "sqlite") else db_url
         sinks.append(SqlSink(MonitorStore.open(url, run_dir=run_dir)))

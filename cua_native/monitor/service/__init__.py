@@ -1,1 +1,1 @@
-"""The monitor service: ingest into the schema store, migrations, dashboard."""
+"""The monitor service: the dashboard and its HTTP ingest API over the store (``monitor/db``)."""

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db.store import MonitorStore
 
 
 @pytest.fixture

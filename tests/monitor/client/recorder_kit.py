@@ -22,8 +22,8 @@ from cua_native.gym.protocol import (
     Task,
     ValidatorResult,
 )
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.service.dashboard.app import create_app
-from cua_native.monitor.service.store import MonitorStore
 from cua_native.rollout.records import EndReason, EpisodeContext, EpisodeRecord, TurnRecord
 
 TOKEN = "test-token"

@@ -33,9 +33,9 @@ from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import HttpSink, SinkUnavailable, SqlSink
 from cua_native.monitor.client.spill import SinkChannel, SpillLog
-from cua_native.monitor.service import schema
+from cua_native.monitor.db import schema
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.service.dashboard.app import create_app
-from cua_native.monitor.service.store import MonitorStore
 
 FAST = {"flush_interval": 0.02, "backoff": (0.01, 0.05), "send_timeout": 120.0}
 

@@ -26,8 +26,8 @@ from cua_native.monitor.client.lifecycle import (
 )
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import SinkUnavailable, SqlSink
-from cua_native.monitor.service import schema
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db import schema
+from cua_native.monitor.db.store import MonitorStore
 
 FAST = {"flush_interval": 0.02, "backoff": (0.05, 0.2), "send_timeout": 120.0}
 """Short poll intervals; a send timeout no loaded machine reaches (these tests time nothing)."""

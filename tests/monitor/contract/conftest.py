@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.service.dashboard.app import create_app
-from cua_native.monitor.service.store import MonitorStore
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))  # contract_kit

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from contract_kit import TOKEN, client_keys, recorded_client, run_record_helpers, run_training
 
-from cua_native.monitor.service import schema
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db import schema
+from cua_native.monitor.db.store import MonitorStore
 
 MODELS: dict[str, Any] = {
     "training": schema.Training,

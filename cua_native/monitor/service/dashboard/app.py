@@ -24,11 +24,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.ingest import IngestError
 from cua_native.monitor.screenshots import MEDIA_TYPES, ScreenshotError
 from cua_native.monitor.service.dashboard import queries
 from cua_native.monitor.service.dashboard.plots import Series, eval_chart, line_chart
-from cua_native.monitor.service.store import MonitorStore
 
 HERE = Path(__file__).resolve().parent
 TOKEN_COOKIE = "cua_monitor_token"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from cua_native.training.outcomes import task_interval
+from cua_native.rollout.outcomes import task_interval
 
 PALETTE = ("#2563eb", "#16a34a", "#dc2626", "#9333ea")
 

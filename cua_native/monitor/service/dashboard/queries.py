@@ -10,9 +10,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from cua_native.monitor.screenshots import SCREENSHOT_DIR
-from cua_native.monitor.service.dashboard.overlay import Shape, shapes_for
-from cua_native.monitor.service.schema import (
+from cua_native.monitor.db.schema import (
     Action,
     Baseline,
     Environment,
@@ -25,7 +23,9 @@ from cua_native.monitor.service.schema import (
     Turn,
     Validation,
 )
-from cua_native.monitor.service.store import TERMINAL_ROLLOUT
+from cua_native.monitor.db.store import TERMINAL_ROLLOUT
+from cua_native.monitor.screenshots import SCREENSHOT_DIR
+from cua_native.monitor.service.dashboard.overlay import Shape, shapes_for
 
 DEFAULT_VIEWBOX = 1000
 SOURCES: dict[str, tuple[type[Step] | type[Eval] | type[Baseline], Any]] = {

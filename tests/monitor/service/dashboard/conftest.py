@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from PIL import Image, ImageDraw
 
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.screenshots import data_uri
-from cua_native.monitor.service.store import MonitorStore
 
 SCREEN = (360, 640)
 TOKEN = "s3cret-token"

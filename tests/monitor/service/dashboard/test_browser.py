@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import uvicorn
 
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.service.dashboard.app import create_app
-from cua_native.monitor.service.store import MonitorStore
 
 from .conftest import TOKEN  # type: ignore[import-not-found]
 

@@ -5,10 +5,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from cua_native.monitor.db.store import MonitorStore
 from cua_native.monitor.service.dashboard.app import create_app
 from cua_native.monitor.service.dashboard.overlay import shapes_for
 from cua_native.monitor.service.dashboard.plots import Series, line_chart
-from cua_native.monitor.service.store import MonitorStore
 
 from .conftest import TOKEN, realistic_batch  # type: ignore[import-not-found]
 

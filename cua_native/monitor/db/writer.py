@@ -21,11 +21,9 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Connection, and_, insert, select
 
-from cua_native.monitor.ingest import ARRAY_KINDS, IngestBatch, IngestError, TrainingIn
-from cua_native.monitor.screenshots import ScreenshotStore, is_data_uri
-from cua_native.monitor.service.bulk import chunks, insert_rows, rows_where_in, update_rows
-from cua_native.monitor.service.progress import Progress, close_children, json_dict
-from cua_native.monitor.service.schema import (
+from cua_native.monitor.db.bulk import chunks, insert_rows, rows_where_in, update_rows
+from cua_native.monitor.db.progress import Progress, close_children, json_dict
+from cua_native.monitor.db.schema import (
     Action,
     Base,
     Baseline,
@@ -41,7 +39,9 @@ from cua_native.monitor.service.schema import (
     Validation,
     Validator,
 )
-from cua_native.monitor.service.tally import Share, share_of
+from cua_native.monitor.db.tally import Share, share_of
+from cua_native.monitor.ingest import ARRAY_KINDS, IngestBatch, IngestError, TrainingIn
+from cua_native.monitor.screenshots import ScreenshotStore, is_data_uri
 
 ENDED_TRAINING = ("failed", "cancelled")
 JSON_FIELDS = frozenset(

@@ -9,12 +9,12 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from cua_native.monitor.service.migrations.runner import (
+from cua_native.monitor.db.migrations.runner import (
     alembic_config,
     current_revision,
     upgrade_to_head,
 )
-from cua_native.monitor.service.store import MonitorStore, make_engine
+from cua_native.monitor.db.store import MonitorStore, make_engine
 
 
 def _past_inserted_ids(engine: Engine, tables: tuple[str, ...], last: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from cua_native.monitor.service.schema import Base
+from cua_native.monitor.db.schema import Base
 
 
 def _run() -> None:

@@ -12,9 +12,7 @@ from PIL import Image
 from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
-from cua_native.monitor.ingest import IngestError
-from cua_native.monitor.screenshots import ScreenshotError, data_uri
-from cua_native.monitor.service.schema import (
+from cua_native.monitor.db.schema import (
     Base,
     Eval,
     Obs,
@@ -24,7 +22,9 @@ from cua_native.monitor.service.schema import (
     Training,
     Turn,
 )
-from cua_native.monitor.service.store import MonitorStore
+from cua_native.monitor.db.store import MonitorStore
+from cua_native.monitor.ingest import IngestError
+from cua_native.monitor.screenshots import ScreenshotError, data_uri
 
 SEED_TABLES = {
     "training",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from cua_native.gym.protocol import Task
-from cua_native.rollout.records import EpisodeContext, EpisodeRecord
-from cua_native.training.outcomes import (
+from cua_native.rollout.outcomes import (
     TaskOutcomes,
     paired_difference,
     success_rate,
     task_interval,
 )
+from cua_native.rollout.records import EpisodeContext, EpisodeRecord
 
 
 def test_success_rate_weights_episodes() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from cua_native.monitor.service.schema import Rollout, Step, StepGroup
-from cua_native.monitor.service.store import MonitorStore
-from cua_native.monitor.service.tally import TERMINAL_ROLLOUT
+from cua_native.monitor.db.schema import Rollout, Step, StepGroup
+from cua_native.monitor.db.store import MonitorStore
+from cua_native.monitor.db.tally import TERMINAL_ROLLOUT
 
 STATUSES = ("pending", "running", "completed", "failed", "cancelled", None)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
 
-from cua_native.monitor.service.bulk import rows_where_in, update_rows, where_in
-from cua_native.monitor.service.schema import (
+from cua_native.monitor.db.bulk import rows_where_in, update_rows, where_in
+from cua_native.monitor.db.schema import (
     Baseline,
     Environment,
     Eval,
@@ -26,7 +26,7 @@ from cua_native.monitor.service.schema import (
     Training,
     Turn,
 )
-from cua_native.monitor.service.tally import (
+from cua_native.monitor.db.tally import (
     SHARE_COLUMNS,
     TERMINAL_ROLLOUT,
     Share,

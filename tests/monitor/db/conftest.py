@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from cua_native.monitor.service.schema import Base
-from cua_native.monitor.service.store import MonitorStore, make_engine
+from cua_native.monitor.db.schema import Base
+from cua_native.monitor.db.store import MonitorStore, make_engine
 
 
 def _reset_postgres(url: str) -> None:

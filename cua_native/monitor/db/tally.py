@@ -5,7 +5,7 @@ status is terminal; its reward and squared reward when it is finished with a rew
 of its group, an open one while its status is set and not terminal. The step row keeps the sums
 (``step.tally_*``) and ``step_group`` the per-group counts; a batch adds, for every rollout it
 changed, its share after the batch minus its share before. The figures are those the store used
-to aggregate over all the step's rollouts on every batch (``tests/monitor/service`` compares them
+to aggregate over all the step's rollouts on every batch (``tests/monitor/db`` compares them
 with that aggregate after random batches).
 
 Correct with concurrent writers (PostgreSQL, READ COMMITTED) because:
@@ -33,8 +33,8 @@ from sqlalchemy import Connection, RowMapping
 from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from cua_native.monitor.service.bulk import chunks
-from cua_native.monitor.service.schema import Rollout, StepGroup
+from cua_native.monitor.db.bulk import chunks
+from cua_native.monitor.db.schema import Rollout, StepGroup
 
 TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
 SHARE_COLUMNS = tuple(

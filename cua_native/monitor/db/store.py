@@ -23,11 +23,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from cua_native.monitor.db.migrations.runner import upgrade_to_head
+from cua_native.monitor.db.progress import TERMINAL_ROLLOUT
+from cua_native.monitor.db.writer import BatchWriter
 from cua_native.monitor.ingest import IngestBatch, IngestError, parse_batch
 from cua_native.monitor.screenshots import ScreenshotError, ScreenshotStore
-from cua_native.monitor.service.migrations.runner import upgrade_to_head
-from cua_native.monitor.service.progress import TERMINAL_ROLLOUT
-from cua_native.monitor.service.writer import BatchWriter
 
 SQLITE_FILE = "monitor.db"
 RETRIED_SQLSTATES = frozenset({"40P01", "40001"})
