@@ -27,6 +27,7 @@ from areal.engine.sglang_remote import SGLangBackend
 from areal.engine.vllm_remote import VLLMBackend
 
 from cua_native.engine.prompt_report import current_report
+from cua_native.engine.versions import PinnedVersions
 from cua_native.engine.vllm_restart import RestartingVLLMBackend
 
 
@@ -66,7 +67,7 @@ class _NamedWeightGroup:
         return request
 
 
-class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
+class CheckedSGLangBackend(PinnedVersions, _NamedWeightGroup, SGLangBackend):
     """AReaL's SGLang backend that reports the server's prompt token count."""
 
     def build_generation_request(
@@ -82,7 +83,7 @@ class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
         return result
 
 
-class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
+class CheckedVLLMBackend(PinnedVersions, _NamedWeightGroup, RestartingVLLMBackend):
     """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
     (count and ids)."""
 
