@@ -6,8 +6,8 @@ after the answer came back, to label the answer's tokens (``[self.get_version()]
 trainer's ``set_version`` can land in between: a rollout worker whose loop parses an answer
 after the trainer finished a weight update and announced the new version labels tokens the old
 weights generated with the new version. Those labels are what the workflow's rows carry
-(``versions``), what AReaL's staleness statistics and version-based approximations read, and what
-links an episode to the step whose weights made it. Upstream fixed this after 1.0.4
+(``versions``) and what AReaL's actor reads of them: its staleness statistics and its
+version-based proximal log-prob approximations. Upstream fixed this after 1.0.4
 (inclusionAI/AReaL PR #1569) by reading the version once per call and reusing it for the label.
 
 The same fix, from our side of AReaL's backend API:
