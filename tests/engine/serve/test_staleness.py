@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "qwen3_vl_android.yaml"
 BATCH, CONCURRENT, OFFPOLICY = 4, 64, 2
 ACTOR_DP = 4
-"""The shipped configs' actor data-parallel size (``fsdp:d4``)."""
+"""The shipped configs' actor data-parallel size (``fsdp:d4``); the workers' division ignores it."""
 
 
 class ProbedSGLangEngine(AttachedSGLangEngine):
@@ -138,7 +138,8 @@ def readings(rollout: Rollout) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(900)
 def test_rollout_workers_limits_and_recovery(rollout: Rollout) -> None:
-    # 1471: every worker keeps half of each limit (rollout d2), with no process group involved
+    # 1471: every worker keeps half of each limit: the rollout's d2 divides (not the actor's
+    # d4, and no process group is involved)
     dp = 2
     divided = {
         "process_group": False,
