@@ -34,6 +34,7 @@ from areal.engine.vllm_remote import VLLMBackend
 
 from cua_native.engine.prompt_report import current_report
 from cua_native.engine.sglang_vision import sglang_vision_ids
+from cua_native.engine.versions import PinnedVersions
 from cua_native.engine.vllm_restart import RestartingVLLMBackend
 
 
@@ -73,42 +74,51 @@ class _NamedWeightGroup:
         return request
 
 
-class CheckedSGLangBackend(_NamedWeightGroup, SGLangBackend):
-    """AReaL's SGLang backend that sends vision turns with one pad per image, restarts aborted
-    turns and reports the server's prompt token count.
+class RestartingSGLangBackend(SGLangBackend):
+    """AReaL's SGLang backend that sends vision turns with one pad per image and restarts, never
+    continues, a turn that a pause aborted.
 
-    Restart, never continue: AReaL's loop appends an aborted answer's tokens to ``input_ids``
-    and resubmits. With images, SGLang decodes and re-tokenizes those ids, and a partial whose
-    sampled split is not the tokenizer's own comes back as other ids, which would be trained on
-    as if the server had generated from them. An abort is therefore answered as "aborted before
-    any token" (AReaL's own empty-abort case): the loop keeps nothing of the partial and
-    re-sends the original request, answered entirely under the weights of the resubmission, as
-    on vLLM (``RestartingVLLMBackend``). Every CUA turn carries a screenshot, so this holds for
-    text-only requests too (they would continue exactly; restarting them costs only time)."""
+    AReaL's loop appends an aborted answer's tokens to ``input_ids`` and resubmits. With images,
+    SGLang decodes and re-tokenizes those ids, and a partial whose sampled split is not the
+    tokenizer's own comes back as other ids, which would be trained on as if the server had
+    generated from them. An abort is therefore answered as "aborted before any token" (AReaL's
+    own empty-abort case): the loop keeps nothing of the partial and re-sends the original
+    request, answered entirely under the weights of the resubmission, as on vLLM
+    (``RestartingVLLMBackend``). Every CUA turn carries a screenshot, so this holds for text-only
+    requests too (they would continue exactly; restarting them costs only time)."""
+
+    def build_generation_request(
+        self, req: ModelRequest, with_lora: bool, version: int
+    ) -> HttpRequest:
+        http: HttpRequest = super().build_generation_request(req, with_lora, version)
+        http.payload["input_ids"] = sglang_vision_ids(req)
+        return http
+
+    def parse_generation_response(self, response: dict[str, Any]) -> HttpGenerationResult:
+        result: HttpGenerationResult = super().parse_generation_response(response)
+        if result.stop_reason == "abort" and result.output_tokens:
+            return HttpGenerationResult(output_tokens=[], output_logprobs=[], stop_reason="abort")
+        return result
+
+
+class CheckedSGLangBackend(PinnedVersions, _NamedWeightGroup, RestartingSGLangBackend):
+    """``RestartingSGLangBackend`` that reports the server's prompt token count and pins each
+    token's weight version."""
 
     def build_generation_request(
         self, req: ModelRequest, with_lora: bool, version: int
     ) -> HttpRequest:
         _note_sent(req)
-        http = super().build_generation_request(req, with_lora, version)
-        http.payload["input_ids"] = sglang_vision_ids(req)
-        return http
+        return super().build_generation_request(req, with_lora, version)
 
     def parse_generation_response(self, response: dict[str, Any]) -> HttpGenerationResult:
         result = super().parse_generation_response(response)
         meta = response.get("meta_info") or {}
         _note_received(result, meta.get("prompt_tokens"), None)
-        if result.stop_reason == "abort" and result.output_tokens:
-            return HttpGenerationResult(
-                output_tokens=[],
-                output_logprobs=[],
-                stop_reason="abort",
-                routed_experts=None,
-            )
         return result
 
 
-class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
+class CheckedVLLMBackend(PinnedVersions, _NamedWeightGroup, RestartingVLLMBackend):
     """AReaL's vLLM backend that restarts aborted chat turns and reports the server's prompt
     (count and ids)."""
 
@@ -131,6 +141,7 @@ class CheckedVLLMBackend(_NamedWeightGroup, RestartingVLLMBackend):
 
 CHECKED_BACKENDS: dict[type, type] = {
     SGLangBackend: CheckedSGLangBackend,
+    RestartingSGLangBackend: CheckedSGLangBackend,
     VLLMBackend: CheckedVLLMBackend,
     RestartingVLLMBackend: CheckedVLLMBackend,
 }

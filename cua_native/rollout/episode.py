@@ -23,6 +23,7 @@ from areal.api.io_struct import ModelRequest, ModelResponse
 from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
 from cua_native.engine.prompt_report import prompt_report
+from cua_native.engine.versions import served_versions
 from cua_native.gym.protocol import Execution, Gym, Observation, Task
 from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
@@ -371,14 +372,17 @@ class Episode:
 
     async def _generate(self, request: ModelRequest) -> ModelResponse:
         """``engine.agenerate`` under the turn limit; an aborted or misaligned response is an
-        engine failure."""
-        response = await _guarded(
-            self.engine.agenerate(request),
-            reason=EndReason.GENERATE,
-            limit=self.deadline.budget(self.config.turn_timeout_s),
-            out_of_time=self.deadline.expired,
-            clock=self.deadline.clock,
-        )
+        engine failure. A remote engine's tokens carry the version their request was built
+        under (``cua_native.engine.versions``: AReaL 1.0.4 reads it again after the answer)."""
+        with served_versions() as served:
+            response = await _guarded(
+                self.engine.agenerate(request),
+                reason=EndReason.GENERATE,
+                limit=self.deadline.budget(self.config.turn_timeout_s),
+                out_of_time=self.deadline.expired,
+                clock=self.deadline.clock,
+            )
+        response.output_versions = served.pinned(response.output_versions)
         if response.stop_reason == "abort":
             raise InfraFailure(EndReason.GENERATE, "the engine aborted the request")
         n = len(response.output_tokens)

@@ -16,7 +16,8 @@ are created lazily on first use, once per running event loop.
 On an AReaL remote engine (the cluster path) ``arun_episode`` first installs
 ``cua_native.engine.remote``'s backend: each turn's prompt is checked against what the server
 reports (a mismatch rejects the episode as ``token_mismatch``), and a vLLM chat turn aborted by
-a weight update is restarted under the new weights rather than concatenated.
+a weight update is restarted under the new weights rather than concatenated. A rollout worker's
+engine also gets its configured staleness limits back (``cua_native.engine.capacity``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from areal.api.workflow_api import RolloutWorkflow
 from areal.utils import stats_tracker
 from areal.utils.dynamic_import import import_from_string
 
+from cua_native.engine.capacity import keep_configured_limits
 from cua_native.engine.remote import prepare_remote_engine
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
@@ -206,6 +208,8 @@ class CUAAgentWorkflow(RolloutWorkflow):
         # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
         # concatenated) when a weight update aborts them; idempotent, other engines untouched
         prepare_remote_engine(engine)
+        # a controller-managed worker's staleness limits stay the configured ones (AReaL #1471)
+        keep_configured_limits(engine)
         resources = await self._resources()
         task = task_from_row(data)
         runs = await self.run_group(engine, task, resources, data)
