@@ -111,12 +111,16 @@ class DesktopExecution:
             self._size = await self.client.screen_size()
         self._turn += 1
         if isinstance(action, Wait):
-            await asyncio.sleep(self._gym.wait_default_s if action.seconds is None else action.seconds)
+            await asyncio.sleep(
+                self._gym.wait_default_s if action.seconds is None else action.seconds
+            )
             return StepResult(ok=True)
         if isinstance(action, OpenApp):
             command = self._gym.apps.get(action.name.strip().lower())
             if command is None:
-                return StepResult(ok=False, error=f"unknown app {action.name!r}; known: {sorted(self._gym.apps)}")
+                return StepResult(
+                    ok=False, error=f"unknown app {action.name!r}; known: {sorted(self._gym.apps)}"
+                )
             await self.client.launch(command)
             return StepResult(ok=True)
         try:
@@ -157,12 +161,14 @@ class DesktopGym:
         start_timeout_s: float = 60.0,
         window_timeout_s: float = 60.0,
         remote_urls: Sequence[str] = (),
-        timeouts: DesktopTimeouts | dict[str, float] = DesktopTimeouts(),
+        timeouts: DesktopTimeouts | dict[str, float] | None = None,
         apps: dict[str, list[str]] | None = None,
         wait_default_s: float = 1.0,
     ) -> None:
         self._gym_id = gym_id
-        self._tasks = list(tasks) if tasks is not None else load_tasks(Path(task_file or DEFAULT_TASK_FILE))
+        self._tasks = (
+            list(tasks) if tasks is not None else load_tasks(Path(task_file or DEFAULT_TASK_FILE))
+        )
         self._by_id = {t.task_id: t for t in self._tasks}
         local = LocalDesktopConfig(width=width, height=height, start_timeout_s=start_timeout_s)
         if state_root is not None:
@@ -171,7 +177,11 @@ class DesktopGym:
             local = replace(local, server_python=server_python)
         self.local = local
         self.window_timeout_s = window_timeout_s
-        self.timeouts = timeouts if isinstance(timeouts, DesktopTimeouts) else DesktopTimeouts(**timeouts)
+        self.timeouts = (
+            timeouts
+            if isinstance(timeouts, DesktopTimeouts)
+            else DesktopTimeouts(**(timeouts or {}))
+        )
         self.apps = {k.lower(): list(v) for k, v in (apps or DEFAULT_APPS).items()}
         self.wait_default_s = wait_default_s
         self._free_urls: asyncio.Queue[str] | None = None

@@ -156,8 +156,11 @@ class LocalDesktop:
             reaper.MARKER: self.desktop_id,
         }
 
-    async def _spawn(self, argv: list[str], log_name: str, **kwargs: object) -> asyncio.subprocess.Process:
-        with open(self.state / f"{log_name}.log", "wb") as log_file:
+    async def _spawn(
+        self, argv: list[str], log_name: str, **kwargs: object
+    ) -> asyncio.subprocess.Process:
+        log_file = await asyncio.to_thread(open, self.state / f"{log_name}.log", "wb")
+        with log_file:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 env=self.env(),
@@ -202,9 +205,7 @@ class LocalDesktop:
         # the thread owns read_fd from here: Xvfb's exit (close on a timeout) ends its read
         line = await asyncio.to_thread(_read_line_and_close, read_fd)
         if not line.strip().isdigit():
-            raise DesktopStartError(
-                f"Xvfb gave no display number: {self._log_tail('xvfb')}"
-            )
+            raise DesktopStartError(f"Xvfb gave no display number: {self._log_tail('xvfb')}")
         self.display = int(line)
         (self.state / "display").write_text(str(self.display))
         _xauthority(xauth, self.display, cookie)
@@ -249,7 +250,9 @@ class LocalDesktop:
         await asyncio.shield(self._closing)
 
     async def _remove(self) -> None:
-        xvfb_pid = self._xvfb.pid if self._xvfb is not None and self._xvfb.returncode is None else None
+        xvfb_pid = (
+            self._xvfb.pid if self._xvfb is not None and self._xvfb.returncode is None else None
+        )
         await asyncio.to_thread(reaper.remove_desktop, self.state, xvfb_pid=xvfb_pid)
         for process in self._processes:
             if process.returncode is None:

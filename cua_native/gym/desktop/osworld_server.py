@@ -204,9 +204,7 @@ def _tree(directory: str) -> dict[str, Any]:
         children = []
         for entry in sorted(os.listdir(directory)):
             full = os.path.join(directory, entry)
-            children.append(
-                _tree(full) if os.path.isdir(full) else {"type": "file", "name": entry}
-            )
+            children.append(_tree(full) if os.path.isdir(full) else {"type": "file", "name": entry})
         tree["children"] = children
     except OSError as exc:
         return {"error": str(exc)}

@@ -70,7 +70,9 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def kill_marked(desktop_id: str, *, keep: frozenset[int] = frozenset(), limit_s: float = 10.0) -> None:
+def kill_marked(
+    desktop_id: str, *, keep: frozenset[int] = frozenset(), limit_s: float = 10.0
+) -> None:
     """SIGKILL every marked process except ``keep``, until none is left (bounded)."""
     deadline = time.monotonic() + limit_s
     while True:

@@ -88,7 +88,9 @@ async def wait_for_window(
     """Activate the window called ``name``, polling until it exists (at most ``limit_s``)."""
     try:
         async with asyncio.timeout(limit_s):
-            while not await client.window("/setup/activate_window", name, strict=strict):
+            while True:
+                if await client.window("/setup/activate_window", name, strict=strict):
+                    return
                 await asyncio.sleep(WINDOW_POLL_S)
     except TimeoutError as exc:
         raise DesktopUnavailable(f"window {name!r} did not appear within {limit_s} s") from exc

@@ -1,0 +1,238 @@
+"""The desktop gym on real Xvfb desktops with real apps and the OSWorld-API server: a scripted
+episode per task (success judged from the app's saved state), the screen's real size, OSWorld's
+own client against the server, a dead server rejected as infrastructure, and nothing left behind
+on success, exception, cancellation or ``kill -9`` of the owner.
+
+Needs ``.ci/desktop.sh`` (Debian packages and the server's virtual environment): skipped
+without them. Waits are bounded polls with generous limits (the machine may be loaded)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from cua_native.actions.models import Action, Key, TypeText
+from cua_native.gym.desktop import reaper
+from cua_native.gym.desktop.client import DesktopUnavailable
+from cua_native.gym.desktop.gym import DesktopExecution, DesktopGym
+from cua_native.gym.desktop.local import default_server_python
+from cua_native.gym.desktop.tasks import wait_for_window
+from cua_native.gym.protocol import GymError, Task
+from cua_native.rollout.episode import InfraFailure, _guarded
+from cua_native.rollout.records import EndReason
+
+WIDTH, HEIGHT = 1024, 768
+LIMIT_S = 120.0
+HERE = Path(__file__).parent
+
+needs_desktop = pytest.mark.skipif(
+    shutil.which("Xvfb") is None
+    or shutil.which("localc") is None
+    or not Path(default_server_python()).exists(),
+    reason="local desktops need `source .ci/desktop.sh` (Xvfb, apps, .venv-desktop)",
+)
+pytestmark = [needs_desktop, pytest.mark.timeout(600)]
+
+# The scripted demonstrator: canonical actions per task; a string waits for that window.
+SCRIPTS: dict[str, list[Action | str]] = {
+    "terminal_hello_file": [TypeText(text="echo hello desktop > ~/hello.txt\n")],
+    "terminal_make_directory": [TypeText(text="mkdir ~/projects\n")],
+    "editor_save_note": [TypeText(text="Dear team"), Key(keys=["ctrl", "s"])],
+    "editor_save_unicode": [TypeText(text="Grüße aus Köln"), Key(keys=["ctrl", "s"])],
+    "files_new_folder": [
+        Key(keys=["ctrl", "shift", "n"]),
+        "Creating New Folder",
+        TypeText(text="reports\n"),
+    ],
+    "calculator_product_to_clipboard": [TypeText(text="12*34="), Key(keys=["ctrl", "c"])],
+    "calc_formula_cell": [TypeText(text="=6*7\n"), Key(keys=["ctrl", "s"])],
+    "calc_text_cell": [
+        Key(keys=["right"]),
+        Key(keys=["down"]),
+        TypeText(text="Total\n"),
+        Key(keys=["ctrl", "s"]),
+    ],
+}
+
+
+@pytest.fixture
+async def gym(tmp_path: Path) -> AsyncIterator[DesktopGym]:
+    desktops = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(tmp_path / "desktops"))
+    try:
+        yield desktops
+    finally:
+        await desktops.aclose()
+
+
+def assert_nothing_left(root: Path, desktop_ids: list[str], displays: list[int]) -> None:
+    for desktop_id in desktop_ids:
+        assert reaper.marked_pids(desktop_id) == [], f"processes of {desktop_id} left"
+    assert not root.exists() or list(root.iterdir()) == []
+    for display in displays:
+        assert not Path(f"/tmp/.X{display}-lock").exists()
+        assert not Path(f"/tmp/.X11-unix/X{display}").exists()
+
+
+async def settled_success(execution: DesktopExecution) -> bool:
+    """Evaluate until the app's saved state shows success (apps write asynchronously)."""
+    async with asyncio.timeout(LIMIT_S):
+        while True:
+            if (await execution.evaluate()).success:
+                return True
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("task_id", sorted(SCRIPTS))
+async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -> None:
+    task = await gym.get_task(task_id)
+    execution = await gym.start(task)
+    assert execution.local is not None
+    ids, displays = [execution.local.desktop_id], [execution.local.display or 0]
+    try:
+        observation = await execution.observe()
+        assert (observation.width, observation.height) == (WIDTH, HEIGHT)
+        assert observation.screenshot.png is not None
+        assert not (await execution.evaluate()).success  # not solved before the agent acts
+        for step in SCRIPTS[task_id]:
+            if isinstance(step, str):
+                await wait_for_window(execution.client, step, limit_s=LIMIT_S)
+                continue
+            result = await execution.act(step)
+            assert result.ok, result.error
+        assert await settled_success(execution)
+    finally:
+        await execution.close()
+    assert_nothing_left(gym.local.state_root, ids, displays)
+
+
+async def test_osworld_own_client_against_the_server(gym: DesktopGym) -> None:
+    execution = await gym.start(await gym.get_task("terminal_hello_file"))
+    try:
+        host_port = execution.client.base_url.removeprefix("http://")
+        host, port = host_port.split(":")
+        process = await asyncio.create_subprocess_exec(
+            default_server_python(),
+            str(HERE / "osworld_client_script.py"),
+            host,
+            port,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(LIMIT_S):
+            out, _ = await process.communicate()
+        seen = json.loads(out)
+    finally:
+        await execution.close()
+    assert seen["screenshot_size"] == [WIDTH, HEIGHT]
+    assert seen["screen_size"] == {"width": WIDTH, "height": HEIGHT}
+    assert seen["platform"] == "Linux"
+    assert seen["tree_has_xterm"]
+    assert seen["file"] == "osworld client\n"
+    assert "osworld.txt" in seen["listed"]
+
+
+async def test_a_dead_server_rejects_the_episode_and_leaves_nothing(gym: DesktopGym) -> None:
+    execution = await gym.start(await gym.get_task("terminal_hello_file"))
+    assert execution.local is not None
+    desktop_id, display = execution.local.desktop_id, execution.local.display or 0
+    try:
+        servers = _server_pids(desktop_id)
+        assert len(servers) == 1
+        os.kill(servers[0], signal.SIGKILL)
+        with pytest.raises(InfraFailure) as failure:
+            await _guarded(execution.observe(), reason=EndReason.OBSERVE, limit=LIMIT_S)
+        assert failure.value.reason == EndReason.OBSERVE
+        assert isinstance(failure.value.__cause__, DesktopUnavailable)
+        assert isinstance(failure.value.__cause__, GymError)
+    finally:
+        await execution.close()
+    assert_nothing_left(gym.local.state_root, [desktop_id], [display])
+
+
+def _server_pids(desktop_id: str) -> list[int]:
+    return [
+        pid
+        for pid in reaper.marked_pids(desktop_id)
+        if b"osworld_server.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def _serving(root: Path) -> bool:
+    return root.exists() and any((d / "server.port").exists() for d in root.iterdir())
+
+
+def _task(task_id: str, config: list[dict[str, object]]) -> Task:
+    evaluator = {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": "true", "shell": True},
+        "expected": {"type": "rule", "rules": {"expected": ""}},
+    }
+    return Task(task_id=task_id, config=config, evaluator=evaluator)
+
+
+async def test_a_failed_setup_leaves_nothing(gym: DesktopGym) -> None:
+    task = _task("fails", [{"type": "execute", "parameters": {"command": ["false"]}}])
+    with pytest.raises(DesktopUnavailable, match="set-up command failed"):
+        await gym.start(task)
+    assert_nothing_left(gym.local.state_root, [], [])
+
+
+async def test_a_cancelled_start_leaves_nothing(gym: DesktopGym) -> None:
+    never = [{"type": "activate_window", "parameters": {"window_name": "no such window"}}]
+    start = asyncio.create_task(gym.start(_task("never", never)))
+    root = gym.local.state_root
+    async with asyncio.timeout(LIMIT_S):  # until the desktop is up and set-up is waiting
+        while True:
+            if _serving(root):
+                break
+            await asyncio.sleep(0.05)
+    [state] = list(root.iterdir())
+    display = int((state / "display").read_text())
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert_nothing_left(root, [state.name], [display])
+
+
+OWNER = """
+import asyncio, sys
+from pathlib import Path
+from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig
+async def main():
+    desktop = await LocalDesktop.start(LocalDesktopConfig(state_root=Path(sys.argv[1])))
+    print(desktop.desktop_id, desktop.display, flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(tmp_path: Path) -> None:
+    root = tmp_path / "desktops"
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OWNER, str(root), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(owner.stdout.readline(), LIMIT_S)
+        desktop_id, display = line.decode().split()
+        assert reaper.marked_pids(desktop_id)  # Xvfb, openbox, the server
+    finally:
+        owner.kill()  # SIGKILL: the owner gets no chance to clean up
+        await owner.wait()
+    assert reaper.marked_pids(desktop_id), "the desktop outlived its owner until reaped"
+    gym = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(root))
+    execution = await gym.start(await gym.get_task("terminal_make_directory"))
+    assert execution.local is not None
+    new_id, new_display = execution.local.desktop_id, execution.local.display or 0
+    assert reaper.marked_pids(desktop_id) == []
+    assert sorted(p.name for p in root.iterdir()) == [new_id]
+    await execution.close()
+    await gym.aclose()
+    assert_nothing_left(root, [desktop_id, new_id], [int(display), new_display])
