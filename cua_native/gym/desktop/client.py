@@ -45,7 +45,8 @@ class ExecResult:
 
 
 class DesktopClient:
-    """One desktop server at ``base_url``. Pass ``client`` to share a pool (``aclose`` then
+    """One desktop server at ``base_url`` (over the Unix socket ``uds`` when given: the host
+    part of ``base_url`` is then only a name). Pass ``client`` to share a pool (``aclose`` then
     leaves it open)."""
 
     def __init__(
@@ -53,6 +54,7 @@ class DesktopClient:
         base_url: str,
         *,
         client: httpx.AsyncClient | None = None,
+        uds: str | None = None,
         timeouts: DesktopTimeouts = DesktopTimeouts(),
         attempts: int = 3,
         backoff_s: float = 0.5,
@@ -62,7 +64,8 @@ class DesktopClient:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient()
+        transport = httpx.AsyncHTTPTransport(uds=uds) if uds else None
+        self._client = client or httpx.AsyncClient(transport=transport)
 
     async def _request(
         self,

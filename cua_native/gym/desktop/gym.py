@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cua_native.actions.models import Action, OpenApp, Wait
 from cua_native.gym.desktop.actions import UnsupportedOnDesktop, desktop_commands
@@ -27,7 +27,14 @@ from cua_native.gym.desktop.client import DesktopClient, DesktopTimeouts, Deskto
 from cua_native.gym.desktop.evaluators import evaluate
 from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig
 from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, load_tasks, run_setup
-from cua_native.gym.protocol import Evaluation, Observation, Screenshot, StepResult, Task
+from cua_native.gym.protocol import (
+    Evaluation,
+    GymError,
+    Observation,
+    Screenshot,
+    StepResult,
+    Task,
+)
 from cua_native.gym.wire import WireError, png_size
 
 DEFAULT_APPS = {
@@ -136,7 +143,10 @@ class DesktopExecution:
     async def evaluate(self, answer: str | None = None) -> Evaluation:
         """Judged from the desktop's state only; ``answer`` is ignored."""
         self._check_open()
-        return await evaluate(self._task.model_extra["evaluator"], self.client)  # type: ignore[index]
+        evaluator = (self._task.model_extra or {}).get("evaluator")
+        if not isinstance(evaluator, dict):
+            raise GymError(f"task {self._task.task_id} has no OSWorld 'evaluator'")
+        return await evaluate(evaluator, self.client)
 
     async def close(self) -> None:
         if self._closing is None:
@@ -159,6 +169,7 @@ class DesktopGym:
         state_root: str | None = None,
         server_python: str | None = None,
         start_timeout_s: float = 60.0,
+        listen: Literal["unix", "tcp"] = "unix",
         window_timeout_s: float = 60.0,
         remote_urls: Sequence[str] = (),
         timeouts: DesktopTimeouts | dict[str, float] | None = None,
@@ -170,7 +181,9 @@ class DesktopGym:
             list(tasks) if tasks is not None else load_tasks(Path(task_file or DEFAULT_TASK_FILE))
         )
         self._by_id = {t.task_id: t for t in self._tasks}
-        local = LocalDesktopConfig(width=width, height=height, start_timeout_s=start_timeout_s)
+        local = LocalDesktopConfig(
+            width=width, height=height, start_timeout_s=start_timeout_s, listen=listen
+        )
         if state_root is not None:
             local = replace(local, state_root=Path(state_root))
         if server_python is not None:
@@ -204,7 +217,8 @@ class DesktopGym:
     async def _acquire(self) -> _Lease:
         if not self._remote_urls:
             desktop = await LocalDesktop.start(self.local)
-            return _Lease(DesktopClient(desktop.url, timeouts=self.timeouts), local=desktop)
+            client = DesktopClient(desktop.url, uds=desktop.uds, timeouts=self.timeouts)
+            return _Lease(client, local=desktop)
         if self._free_urls is None:
             self._free_urls = asyncio.Queue()
             for url in self._remote_urls:

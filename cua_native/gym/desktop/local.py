@@ -3,9 +3,11 @@ the OSWorld-API server (``osworld_server.py``) on that display, with a fresh hom
 
 ``LocalDesktop.start`` makes a state directory (``reaper``: named by the owner process, every
 process marked), writes the home (openbox maximises every window; LibreOffice shows no tip
-dialog), starts Xvfb (``-displayfd``: it picks a free display itself), openbox and the server
-(``--port 0``: it picks a free port and writes it to a file), and waits for the server to answer,
-polling with a limit. ``close`` (idempotent, shielded from cancellation) and a failed or
+dialog), starts Xvfb (``-displayfd``: it picks a free display itself), openbox and the server,
+and waits for the server to answer, polling with a limit. The server listens on a Unix socket in
+the owner-only state directory (``listen="unix"``, the default: its ``/execute`` runs any
+command and has no authentication) or on a free loopback port (``listen="tcp"``, for clients
+that only speak TCP, such as OSWorld's own ``PythonController``). ``close`` (idempotent, shielded from cancellation) and a failed or
 cancelled ``start`` remove every process, the display's files and the directory; the first
 start of a process reaps what dead owners left.
 
@@ -24,6 +26,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -70,6 +73,7 @@ class LocalDesktopConfig:
     server_python: str = field(default_factory=default_server_python)
     start_timeout_s: float = 60.0
     window_manager: tuple[str, ...] = ("openbox",)
+    listen: Literal["unix", "tcp"] = "unix"
 
 
 def _xauthority(path: Path, display: int, cookie: bytes) -> None:
@@ -106,7 +110,8 @@ def _make_state(config: LocalDesktopConfig) -> Path:
 
 
 class LocalDesktop:
-    """One running local desktop; ``url`` is its OSWorld-API server."""
+    """One running local desktop; ``url`` is its OSWorld-API server, reached over the Unix
+    socket ``uds`` when that is set."""
 
     def __init__(self, config: LocalDesktopConfig, state: Path) -> None:
         self.config = config
@@ -115,6 +120,7 @@ class LocalDesktop:
         self.desktop_id = state.name
         self.display: int | None = None
         self.url = ""
+        self.uds: str | None = None
         self._processes: list[asyncio.subprocess.Process] = []
         self._xvfb: asyncio.subprocess.Process | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -210,26 +216,26 @@ class LocalDesktop:
         (self.state / "display").write_text(str(self.display))
         _xauthority(xauth, self.display, cookie)
         await self._spawn(list(self.config.window_manager), "wm")
-        port_file = self.state / "server.port"
-        server = await self._spawn(
-            [
-                self.config.server_python,
-                str(SERVER_SCRIPT),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--port-file",
-                str(port_file),
-            ],
-            "server",
+        port_file, sock = self.state / "server.port", self.state / "server.sock"
+        listen = (
+            ["--unix-socket", str(sock)]
+            if self.config.listen == "unix"
+            else ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
         )
-        while not port_file.exists():
+        server = await self._spawn(
+            [self.config.server_python, str(SERVER_SCRIPT), *listen], "server"
+        )
+        ready = sock if self.config.listen == "unix" else port_file
+        while not ready.exists():
             if server.returncode is not None:
                 raise DesktopStartError(f"desktop server exited: {self._log_tail('server')}")
             await asyncio.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
-        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+        if self.config.listen == "unix":
+            self.url, self.uds = "http://desktop", str(sock)
+        else:
+            self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), transport=transport) as client:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{self.url}/platform")).status_code == 200:

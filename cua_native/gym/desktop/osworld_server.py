@@ -5,7 +5,12 @@ It runs ON the desktop (its own small virtual environment with Flask, pyautogui 
 python-xlib; ``.ci/desktop.sh`` makes one), never inside the trainer, and imports nothing from
 cua_native so that it runs as a plain script::
 
-    python osworld_server.py --host 127.0.0.1 --port 0 --port-file PORT_FILE
+    python osworld_server.py --host 0.0.0.0 --port 5000      # as on OSWorld's VMs
+    python osworld_server.py --unix-socket PATH                # local desktops: owner-only
+
+OSWorld's API has no authentication and ``/execute`` runs any command, so a local desktop's
+server listens on a Unix socket inside its owner-only state directory, not on a TCP port other
+local users could reach.
 
 Routes (the subset of OSWorld's that cua_native's backend and OSWorld's own ``PythonController``
 use; same methods, bodies and answers):
@@ -272,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5000, help="0: any free port")
     parser.add_argument("--port-file", help="write the bound port here (atomically)")
+    parser.add_argument("--unix-socket", help="listen on this Unix socket instead of TCP")
     args = parser.parse_args(argv)
+    if args.unix_socket:
+        server = make_server(f"unix://{args.unix_socket}", 0, build_app(), threaded=True)
+        print(f"serving on unix://{args.unix_socket}", file=sys.stderr, flush=True)
+        server.serve_forever()
+        return 0
     server = make_server(args.host, args.port, build_app(), threaded=True)
     if args.port_file:
         scratch = Path(f"{args.port_file}.part")

@@ -81,6 +81,11 @@ def assert_nothing_left(root: Path, desktop_ids: list[str], displays: list[int])
         assert not Path(f"/tmp/.X11-unix/X{display}").exists()
 
 
+def owner_only_socket(path: str) -> bool:
+    socket, directory = Path(path), Path(path).parent
+    return socket.is_socket() and (directory.stat().st_mode & 0o777) == 0o700
+
+
 async def settled_success(execution: DesktopExecution) -> bool:
     """Evaluate until the app's saved state shows success (apps write asynchronously)."""
     async with asyncio.timeout(LIMIT_S):
@@ -94,7 +99,8 @@ async def settled_success(execution: DesktopExecution) -> bool:
 async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -> None:
     task = await gym.get_task(task_id)
     execution = await gym.start(task)
-    assert execution.local is not None
+    assert execution.local is not None and execution.local.uds is not None
+    assert owner_only_socket(execution.local.uds)  # no TCP port: /execute runs any command
     ids, displays = [execution.local.desktop_id], [execution.local.display or 0]
     try:
         observation = await execution.observe()
@@ -113,7 +119,11 @@ async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -
     assert_nothing_left(gym.local.state_root, ids, displays)
 
 
-async def test_osworld_own_client_against_the_server(gym: DesktopGym) -> None:
+async def test_osworld_own_client_against_the_server(tmp_path: Path) -> None:
+    """OSWorld's ``PythonController`` speaks TCP only: this desktop listens on loopback."""
+    gym = DesktopGym(
+        width=WIDTH, height=HEIGHT, state_root=str(tmp_path / "desktops"), listen="tcp"
+    )
     execution = await gym.start(await gym.get_task("terminal_hello_file"))
     try:
         host_port = execution.client.base_url.removeprefix("http://")
@@ -130,6 +140,7 @@ async def test_osworld_own_client_against_the_server(gym: DesktopGym) -> None:
         seen = json.loads(out)
     finally:
         await execution.close()
+        await gym.aclose()
     assert seen["screenshot_size"] == [WIDTH, HEIGHT]
     assert seen["screen_size"] == {"width": WIDTH, "height": HEIGHT}
     assert seen["platform"] == "Linux"
@@ -165,7 +176,7 @@ def _server_pids(desktop_id: str) -> list[int]:
 
 
 def _serving(root: Path) -> bool:
-    return root.exists() and any((d / "server.port").exists() for d in root.iterdir())
+    return root.exists() and any((d / "server.sock").exists() for d in root.iterdir())
 
 
 def _task(task_id: str, config: list[dict[str, object]]) -> Task:
