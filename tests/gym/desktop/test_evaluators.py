@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cua_native.gym.desktop.demos import DEMONSTRATIONS
 from cua_native.gym.desktop.evaluators import (
     check_include_exclude,
     exact_match,
@@ -26,6 +27,11 @@ def test_the_shipped_tasks_load_with_their_config_and_evaluator() -> None:
     for task in tasks:
         assert task.instruction and task.model_extra is not None
         assert task.model_extra["evaluator"]["func"]
+
+
+def test_every_shipped_task_has_a_demonstration() -> None:
+    """``test_real_desktops`` plays each one on the real app; a task without one is unproven."""
+    assert sorted(DEMONSTRATIONS) == sorted(t.task_id for t in load_tasks(DEFAULT_TASK_FILE))
 
 
 def test_an_unsupported_metric_is_one_line_naming_the_task(tmp_path: Path) -> None:

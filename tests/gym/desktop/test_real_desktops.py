@@ -1,7 +1,8 @@
 """The desktop gym on real Xvfb desktops with real apps and the OSWorld-API server: a scripted
 episode per task (success judged from the app's saved state), the screen's real size, OSWorld's
 own client against the server, a dead server rejected as infrastructure, and nothing left behind
-on success, exception, cancellation or ``kill -9`` of the owner.
+on success, exception, cancellation or ``kill -9`` of the owner. The scripted episodes are the
+package's demonstrator (``gym.desktop.demos``): each task is solvable.
 
 Needs ``.ci/desktop.sh`` (Debian packages and the server's virtual environment): skipped
 without them. Waits are bounded polls with generous limits (the machine may be loaded)."""
@@ -19,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from cua_native.actions.models import Action, Key, TypeText
 from cua_native.gym.desktop import reaper
 from cua_native.gym.desktop.client import DesktopUnavailable
+from cua_native.gym.desktop.demos import DEMONSTRATIONS, demonstrate
 from cua_native.gym.desktop.gym import DesktopExecution, DesktopGym
 from cua_native.gym.desktop.local import default_server_python
-from cua_native.gym.desktop.tasks import wait_for_window
 from cua_native.gym.protocol import GymError, Task
 from cua_native.rollout.episode import InfraFailure, _guarded
 from cua_native.rollout.records import EndReason
@@ -40,27 +40,6 @@ needs_desktop = pytest.mark.skipif(
     reason="local desktops need `source .ci/desktop.sh` (Xvfb, apps, .venv-desktop)",
 )
 pytestmark = [needs_desktop, pytest.mark.timeout(600)]
-
-# The scripted demonstrator: canonical actions per task; a string waits for that window.
-SCRIPTS: dict[str, list[Action | str]] = {
-    "terminal_hello_file": [TypeText(text="echo hello desktop > ~/hello.txt\n")],
-    "terminal_make_directory": [TypeText(text="mkdir ~/projects\n")],
-    "editor_save_note": [TypeText(text="Dear team"), Key(keys=["ctrl", "s"])],
-    "editor_save_unicode": [TypeText(text="Grüße aus Köln"), Key(keys=["ctrl", "s"])],
-    "files_new_folder": [
-        Key(keys=["ctrl", "shift", "n"]),
-        "Creating New Folder",
-        TypeText(text="reports\n"),
-    ],
-    "calculator_product_to_clipboard": [TypeText(text="12*34="), Key(keys=["ctrl", "c"])],
-    "calc_formula_cell": [TypeText(text="=6*7\n"), Key(keys=["ctrl", "s"])],
-    "calc_text_cell": [
-        Key(keys=["right"]),
-        Key(keys=["down"]),
-        TypeText(text="Total\n"),
-        Key(keys=["ctrl", "s"]),
-    ],
-}
 
 
 @pytest.fixture
@@ -95,7 +74,7 @@ async def settled_success(execution: DesktopExecution) -> bool:
             await asyncio.sleep(0.2)
 
 
-@pytest.mark.parametrize("task_id", sorted(SCRIPTS))
+@pytest.mark.parametrize("task_id", sorted(DEMONSTRATIONS))
 async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -> None:
     task = await gym.get_task(task_id)
     execution = await gym.start(task)
@@ -107,12 +86,7 @@ async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -
         assert (observation.width, observation.height) == (WIDTH, HEIGHT)
         assert observation.screenshot.png is not None
         assert not (await execution.evaluate()).success  # not solved before the agent acts
-        for step in SCRIPTS[task_id]:
-            if isinstance(step, str):
-                await wait_for_window(execution.client, step, limit_s=LIMIT_S)
-                continue
-            result = await execution.act(step)
-            assert result.ok, result.error
+        await demonstrate(execution, window_timeout_s=LIMIT_S)
         assert await settled_success(execution)
     finally:
         await execution.close()
