@@ -4,7 +4,7 @@ the OSWorld-API server (``osworld_server.py``) on that display, with a fresh hom
 ``LocalDesktop.start`` makes a state directory (``reaper``: named by the owner process, every
 process marked), writes the home (openbox maximises every window; LibreOffice shows no tip
 dialog), starts Xvfb (``-displayfd``: it picks a free display itself), openbox and the server,
-and waits for the server to answer, polling with a limit. The server listens on a Unix socket in
+and waits (polling, with a limit) until the server answers and the window manager runs. The server listens on a Unix socket in
 the owner-only state directory (``listen="unix"``, the default: its ``/execute`` runs any
 command and has no authentication) or on a free loopback port (``listen="tcp"``, for clients
 that only speak TCP, such as OSWorld's own ``PythonController``). ``close`` (idempotent, shielded from cancellation) and a failed or
@@ -236,11 +236,9 @@ class LocalDesktop:
             self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
         transport = httpx.AsyncHTTPTransport(uds=self.uds) if self.uds else None
         async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), transport=transport) as client:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(f"{self.url}/platform")).status_code == 200:
-                        return
-                await asyncio.sleep(0.05)
+            await _poll(client, "GET", f"{self.url}/platform")
+            # the window manager manages windows (apps started before it would not be maximised)
+            await _poll(client, "POST", f"{self.url}/execute", {"command": ["wmctrl", "-m"]})
 
     def _log_tail(self, name: str) -> str:
         try:
@@ -265,6 +263,21 @@ class LocalDesktop:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
             await process.wait()
+
+
+async def _poll(
+    client: httpx.AsyncClient, method: str, url: str, body: dict[str, object] | None = None
+) -> None:
+    """Until the call answers 200 (and, for ``/execute``, the command exits 0); the caller's
+    ``asyncio.timeout`` bounds it."""
+    while True:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            response = await client.request(method, url, json=body)
+            if response.status_code == 200 and (
+                body is None or response.json().get("returncode") == 0
+            ):
+                return
+        await asyncio.sleep(0.05)
 
 
 def _read_line_and_close(fd: int) -> str:

@@ -24,7 +24,7 @@ from cua_native.gym.desktop import reaper
 from cua_native.gym.desktop.client import DesktopUnavailable
 from cua_native.gym.desktop.demos import DEMONSTRATIONS, demonstrate
 from cua_native.gym.desktop.gym import DesktopExecution, DesktopGym
-from cua_native.gym.desktop.local import default_server_python
+from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig, default_server_python
 from cua_native.gym.protocol import GymError, Task
 from cua_native.rollout.episode import InfraFailure, _guarded
 from cua_native.rollout.records import EndReason
@@ -221,3 +221,30 @@ async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(tmp_path: Path) -
     await execution.close()
     await gym.aclose()
     assert_nothing_left(root, [desktop_id, new_id], [int(display), new_display])
+
+
+async def test_remote_desktops_are_lent_one_execution_at_a_time(tmp_path: Path) -> None:
+    """``remote_urls``: a desktop the gym did not start (here a local one over TCP) is lent to
+    one execution at a time and given back on close, not removed."""
+    desktop = await LocalDesktop.start(
+        LocalDesktopConfig(width=WIDTH, height=HEIGHT, state_root=tmp_path / "remote", listen="tcp")
+    )
+    gym = DesktopGym(remote_urls=[desktop.url])
+    try:
+        first = await gym.start(await gym.get_task("terminal_make_directory"))
+        second = asyncio.create_task(gym.start(await gym.get_task("terminal_hello_file")))
+        observation = await first.observe()
+        assert (observation.width, observation.height) == (WIDTH, HEIGHT)
+        await demonstrate(first, window_timeout_s=LIMIT_S)
+        assert await settled_success(first)
+        assert not second.done()  # the only desktop is lent to `first`
+        await first.close()
+        async with asyncio.timeout(LIMIT_S):
+            later = await second
+        assert later.client.base_url == desktop.url
+        assert reaper.marked_pids(desktop.desktop_id)  # lent again, not removed
+        await later.close()
+    finally:
+        await gym.aclose()
+        await desktop.close()
+    assert_nothing_left(tmp_path / "remote", [desktop.desktop_id], [desktop.display or 0])
