@@ -263,41 +263,43 @@ async def test_remote_desktops_are_lent_one_execution_at_a_time(tmp_path: Path) 
 
 
 PROBE_EVENTS = "~/events.jsonl"
+PROBE_CASES: list[tuple[Action, list[tuple[object, ...]]]] = [
+    (Click(x=0.25, y=0.5), [("press", 1, 256, 384), ("release", 1, 256, 384)]),
+    (DoubleClick(x=0.5, y=0.5), [("press", 1, 512, 384), ("release", 1, 512, 384)] * 2),
+    (TripleClick(x=0.1, y=0.9), [("press", 1, 102, 691), ("release", 1, 102, 691)] * 3),
+    (RightClick(x=0.75, y=0.25), [("press", 3, 768, 192), ("release", 3, 768, 192)]),
+    (MiddleClick(x=0.5, y=0.75), [("press", 2, 512, 576), ("release", 2, 512, 576)]),
+    (Drag(x=0.2, y=0.2, x2=0.6, y2=0.7), [("press", 1, 205, 154), ("release", 1, 614, 538)]),
+    (Scroll(dy=2, x=0.5, y=0.5), [("press", 4, 512, 384), ("release", 4, 512, 384)] * 2),
+    (Scroll(dy=-1, x=0.5, y=0.5), [("press", 5, 512, 384), ("release", 5, 512, 384)]),
+    (Scroll(dx=1, x=0.5, y=0.5), [("press", 7, 512, 384), ("release", 7, 512, 384)]),
+    (Key(keys=["ctrl", "a"]), [("key", "Control_L"), ("key", "a")]),
+    (TypeText(text="Hi!\n"), [("key", k) for k in ("H", "i", "exclam", "Return")]),
+]
 
 
-async def probe_events(execution: DesktopExecution, count: int) -> list[dict[str, object]]:
-    """The probe's first ``count`` events, polling until they arrived."""
+async def probe_events(execution: DesktopExecution, count: int) -> list[tuple[object, ...]]:
+    """The probe's events once there are at least ``count`` (polling); shift presses left
+    out (pyautogui presses shift around an upper-case character)."""
     async with asyncio.timeout(LIMIT_S):
         while True:
             data = await execution.client.file(PROBE_EVENTS)
-            lines = (data or b"").decode().splitlines()
-            if len(lines) >= count:
-                return [json.loads(line) for line in lines]
+            events = [json.loads(line) for line in (data or b"").decode().splitlines()]
+            seen = [
+                ("key", e["key"])
+                if e["event"] == "key"
+                else (e["event"], e["button"], e["x"], e["y"])
+                for e in events
+                if e.get("key") not in ("Shift_L", "Shift_R")
+            ]
+            if len(seen) >= count:
+                return seen
             await asyncio.sleep(0.1)
 
 
-@pytest.mark.parametrize(
-    ("action", "expected"),
-    [
-        (Click(x=0.25, y=0.5), [("press", 1, 256, 384), ("release", 1, 256, 384)]),
-        (DoubleClick(x=0.5, y=0.5), [("press", 1, 512, 384), ("release", 1, 512, 384)] * 2),
-        (TripleClick(x=0.1, y=0.9), [("press", 1, 102, 691), ("release", 1, 102, 691)] * 3),
-        (RightClick(x=0.75, y=0.25), [("press", 3, 768, 192), ("release", 3, 768, 192)]),
-        (MiddleClick(x=0.5, y=0.75), [("press", 2, 512, 576), ("release", 2, 512, 576)]),
-        (Drag(x=0.2, y=0.2, x2=0.6, y2=0.7), [("press", 1, 205, 154), ("release", 1, 614, 538)]),
-        (Scroll(dy=2, x=0.5, y=0.5), [("press", 4, 512, 384), ("release", 4, 512, 384)] * 2),
-        (Scroll(dy=-1, x=0.5, y=0.5), [("press", 5, 512, 384), ("release", 5, 512, 384)]),
-        (Scroll(dx=1, x=0.5, y=0.5), [("press", 7, 512, 384), ("release", 7, 512, 384)]),
-        (Key(keys=["ctrl", "a"]), [("key", "Control_L"), ("key", "a")]),
-        (TypeText(text="Hi!\n"), [("key", k) for k in ("H", "i", "exclam", "Return")]),
-    ],
-    ids=lambda v: getattr(v, "type", ""),
-)
-async def test_each_action_kind_reaches_a_real_x_client_at_real_pixels(
-    gym: DesktopGym, action: Action, expected: list[tuple[object, ...]]
-) -> None:
-    """What the X server delivers to a real client (``input_probe.py``): the button, the root
-    pixel (unit coordinates × the 1024×768 screen) and the keys of each canonical action."""
+async def test_each_action_kind_reaches_a_real_x_client_at_real_pixels(gym: DesktopGym) -> None:
+    """What the X server delivers to a real client (``input_probe.py``) for each canonical
+    action: the button, the root pixel (unit coordinates × the 1024×768 screen), the keys."""
     probe = [default_server_python(), str(HERE / "input_probe.py"), PROBE_EVENTS]
     task = _task(
         "probe",
@@ -308,15 +310,12 @@ async def test_each_action_kind_reaches_a_real_x_client_at_real_pixels(
     )
     execution = await gym.start(task)
     try:
-        result = await execution.act(action)
-        assert result.ok, result.error
-        events = await probe_events(execution, len(expected))
+        total: list[tuple[object, ...]] = []
+        for action, expected in PROBE_CASES:
+            result = await execution.act(action)
+            assert result.ok, result.error
+            seen = await probe_events(execution, len(total) + len(expected))
+            assert seen[len(total) :] == expected, action
+            total += expected
     finally:
         await execution.close()
-    seen = [
-        (e["event"], e["button"], e["x"], e["y"]) if e["event"] != "key" else ("key", e["key"])
-        for e in events
-    ]
-    if isinstance(action, TypeText | Key):  # shift presses may come between the characters
-        seen = [s for s in seen if s not in (("key", "Shift_L"), ("key", "Shift_R"))]
-    assert seen == expected
