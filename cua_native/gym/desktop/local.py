@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 import struct
 import uuid
@@ -109,6 +110,18 @@ def _make_state(config: LocalDesktopConfig) -> Path:
     return state
 
 
+def check_installed(config: LocalDesktopConfig) -> None:
+    """One ``DesktopStartError`` line naming what is missing and how to install it."""
+    missing = [b for b in ("Xvfb", config.window_manager[0]) if shutil.which(b) is None]
+    if not Path(config.server_python).exists():
+        missing.append(f"the desktop server's Python {config.server_python}")
+    if missing:
+        raise DesktopStartError(
+            f"local desktops need {', '.join(missing)}: install them with "
+            f"`bash .ci/desktop.sh` (or set {DESKTOP_PYTHON_ENV})"
+        )
+
+
 class LocalDesktop:
     """One running local desktop; ``url`` is its OSWorld-API server, reached over the Unix
     socket ``uds`` when that is set."""
@@ -128,6 +141,7 @@ class LocalDesktop:
     @classmethod
     async def start(cls, config: LocalDesktopConfig) -> LocalDesktop:
         """Start a desktop; on any failure or cancellation nothing of it is left."""
+        check_installed(config)
         await asyncio.to_thread(reaper.reap_stale, config.state_root)
         state = await asyncio.to_thread(_make_state, config)
         desktop = cls(config, state)

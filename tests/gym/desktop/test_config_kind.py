@@ -9,6 +9,7 @@ import pytest
 
 from cua_native.config import ConfigError, load_config
 from cua_native.gym.desktop.gym import DesktopGym
+from cua_native.gym.protocol import GymError
 from cua_native.rollout.factories import make_gym
 
 LINUX = Path(__file__).parents[3] / "configs" / "qwen3_vl_linux.yaml"
@@ -36,3 +37,14 @@ def test_an_option_the_desktop_gym_lacks_is_one_error_naming_it() -> None:
             LINUX,
             overrides=["cua.agent.gym.kind=desktop", "cua.agent.gym.options={max_connections: 3}"],
         )
+
+
+def _empty(directory: Path) -> bool:
+    return not any(directory.iterdir())
+
+
+async def test_a_missing_desktop_install_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    gym = DesktopGym(state_root=str(tmp_path), server_python=str(tmp_path / "no-python"))
+    with pytest.raises(GymError, match=r"need .*no-python.*bash \.ci/desktop\.sh"):
+        await gym.start(await gym.get_task("terminal_hello_file"))
+    assert _empty(tmp_path)  # checked before anything was made
