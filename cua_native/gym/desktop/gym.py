@@ -254,3 +254,13 @@ class DesktopGym:
         """Release every desktop still held (executions not closed by their owner)."""
         for lease in list(self._live):
             await self._release(lease)
+
+
+def serve_desktops(seed: int = 0) -> DesktopGym:
+    """Local desktops for the gym server, so CPU nodes host desktops for a GPU cluster::
+
+        python -m cua_native.gym.server --gym cua_native.gym.desktop.gym:serve_desktops \
+            --gym-id desktop --max-live 8 --idle-ttl-s 900
+
+    (``seed`` is the server's factory argument; desktops have no randomness to seed.)"""
+    return DesktopGym()

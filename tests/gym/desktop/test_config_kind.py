@@ -10,6 +10,7 @@ import pytest
 from cua_native.config import ConfigError, load_config
 from cua_native.gym.desktop.gym import DesktopGym
 from cua_native.gym.protocol import GymError
+from cua_native.gym.server import load_gym
 from cua_native.rollout.factories import make_gym
 
 LINUX = Path(__file__).parents[3] / "configs" / "qwen3_vl_linux.yaml"
@@ -48,3 +49,9 @@ async def test_a_missing_desktop_install_is_one_line_naming_the_fix(tmp_path: Pa
     with pytest.raises(GymError, match=r"need .*no-python.*bash \.ci/desktop\.sh"):
         await gym.start(await gym.get_task("terminal_hello_file"))
     assert _empty(tmp_path)  # checked before anything was made
+
+
+async def test_the_gym_server_loads_desktops_by_factory() -> None:
+    gym = load_gym("cua_native.gym.desktop.gym:serve_desktops", seed=0)
+    assert isinstance(gym, DesktopGym) and gym.gym_id == "desktop"
+    await gym.aclose()

@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,9 @@ from cua_native.gym.desktop.client import DesktopUnavailable
 from cua_native.gym.desktop.demos import DEMONSTRATIONS, demonstrate
 from cua_native.gym.desktop.gym import DesktopExecution, DesktopGym
 from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig, default_server_python
+from cua_native.gym.http import HttpGym
 from cua_native.gym.protocol import GymError, Task
+from cua_native.gym.server import create_app
 from cua_native.rollout.episode import InfraFailure, _guarded
 from cua_native.rollout.records import EndReason
 
@@ -319,3 +322,32 @@ async def test_each_action_kind_reaches_a_real_x_client_at_real_pixels(gym: Desk
             total += expected
     finally:
         await execution.close()
+
+
+async def test_the_gym_server_serves_desktops_over_http(tmp_path: Path, serve: Any) -> None:
+    """cua_native's gym server with a ``DesktopGym`` and its HTTP client: the task's own
+    evaluator decides, and terminating removes the desktop."""
+    root = tmp_path / "desktops"
+    desktops = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(root))
+    async with serve(create_app({"desktop": desktops})) as url:
+        client = HttpGym(url, "desktop")
+        try:
+            execution = await client.start(await client.get_task("terminal_hello_file"))
+            try:
+                observation = await execution.observe()
+                assert (observation.width, observation.height) == (WIDTH, HEIGHT)
+                assert not (await execution.evaluate()).success
+                result = await execution.act(TypeText(text="echo hello desktop > ~/hello.txt\n"))
+                assert result.ok, result.error
+                async with asyncio.timeout(LIMIT_S):
+                    while True:
+                        if (await execution.evaluate()).success:
+                            break
+                        await asyncio.sleep(0.2)
+            finally:
+                await execution.close()
+            assert await client.held_executions() == 0
+        finally:
+            await client.aclose()
+            await desktops.aclose()
+    assert_nothing_left(root, [], [])
