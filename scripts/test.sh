@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite the way CI does: install the locked environment, start the services
-# the tests use (PostgreSQL for the monitor store, Chromium for the dashboard's browser test),
+# the tests use (PostgreSQL for the monitor store, Chromium for the dashboard's browser test,
+# Xvfb desktops with real apps for the desktop gym),
 # then pytest. Safe to run again: every step is idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,10 @@ export CUA_REQUIRE_CONFORMANCE=1
 if [ -f .ci/services.sh ]; then
   # shellcheck source=/dev/null
   source .ci/services.sh
+fi
+if [ -f .ci/desktop.sh ]; then
+  # shellcheck source=/dev/null
+  source .ci/desktop.sh
 fi
 
 uv run ruff check cua_native tests bench

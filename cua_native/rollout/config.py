@@ -51,11 +51,13 @@ class AdbConfig(BaseModel):
 class GymConfig(BaseModel):
     """Which environment to run on: the embedded simulator (``sim``), a gym server over HTTP
     (``http``), or a gym server whose executions are Android devices driven over ADB (``adb``:
-    the server creates, evaluates and closes executions; observe and act go to the device)."""
+    the server creates, evaluates and closes executions; observe and act go to the device), or
+    real desktops through OSWorld's desktop-server API (``desktop``: ``gym.desktop.DesktopGym``,
+    local Xvfb desktops unless ``options.remote_urls`` names servers)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["sim", "http", "adb"] = "sim"
+    kind: Literal["sim", "http", "adb", "desktop"] = "sim"
     base_url: str | None = None
     """The gym server (``http`` and ``adb``)."""
     gym_id: str = "sim"
@@ -104,6 +106,10 @@ def gym_client_options(kind: str) -> set[str]:
 
         client: type[Any] = SimGym
         fixed = {"self", "seed"}
+    elif kind == "desktop":
+        from cua_native.gym.desktop.gym import DesktopGym
+
+        client, fixed = DesktopGym, {"self", "tasks", "gym_id"}
     else:
         from cua_native.gym.http import HttpGym
 

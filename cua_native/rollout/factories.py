@@ -92,11 +92,16 @@ def resolve_model_path(path: str | None, cache_dir: str | Path | None = None) ->
 
 def make_gym(config: GymConfig) -> Gym:
     """The gym a ``GymConfig`` names: the embedded simulator, a gym server over HTTP, or that
-    server's devices driven over ADB."""
+    server's devices driven over ADB, or real desktops (OSWorld's desktop-server API)."""
     if config.kind == "sim":
         from cua_native.gym.sim import SimGym
 
         return SimGym(seed=config.seed, **config.options)
+    if config.kind == "desktop":
+        from cua_native.gym.desktop.gym import DesktopGym
+
+        gym_id = "desktop" if config.gym_id == "sim" else config.gym_id
+        return DesktopGym(gym_id=gym_id, **config.options)
     if not config.base_url:
         raise ValueError(f"gym.kind '{config.kind}' needs gym.base_url")
     from cua_native.gym.http import HttpGym

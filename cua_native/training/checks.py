@@ -54,8 +54,12 @@ def check_cluster_config(loaded: LoadedConfig) -> None:
     areal, cua = loaded.areal, loaded.cua
     if not areal.actor.path:
         _fail("actor.path", "must name the model to train (a local directory)")
-    if cua.agent.gym.kind not in ("http", "adb") or not cua.agent.gym.base_url:
-        _fail("cua.agent.gym", "must be kind 'http' or 'adb' with a base_url in cua.mode 'areal'")
+    gym = cua.agent.gym
+    if gym.kind != "desktop" and (gym.kind not in ("http", "adb") or not gym.base_url):
+        _fail(
+            "cua.agent.gym",
+            "must be kind 'http' or 'adb' with a base_url, or 'desktop', in cua.mode 'areal'",
+        )
     if areal.scheduler.type not in SCHEDULERS:
         _fail(
             "scheduler.type",

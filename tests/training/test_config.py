@@ -58,7 +58,7 @@ def test_shipped_configs_cover_the_families_and_tools() -> None:
         ("actor.eps_clipp=0.1", "Did you mean 'eps_clip'?"),
         ("total_train_steps=abc", "total_train_steps"),
         ("gconfig.n_samples=4", "gconfig.n_samples must be 1"),
-        ("cua.agent.gym.kind=ftp", "Input should be 'sim', 'http' or 'adb'"),
+        ("cua.agent.gym.kind=ftp", "Input should be 'sim', 'http', 'adb' or 'desktop'"),
         ("cua.mode=areal", "needs a gym server"),
         ("cua.agent.gym.kind=adb", "cua.agent.gym: Value error, kind 'adb' needs base_url"),
         ("cua.agent.sampling.temperature=-1", "cua.agent.sampling.temperature"),

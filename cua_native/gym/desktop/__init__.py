@@ -1,0 +1,1 @@
+"""Real Linux desktops through OSWorld's desktop-server API (``docs/desktop.md``)."""

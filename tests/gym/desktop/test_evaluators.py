@@ -1,0 +1,59 @@
+"""The task file and the evaluator subset (pure: no desktop)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cua_native.gym.desktop.demos import DEMONSTRATIONS
+from cua_native.gym.desktop.evaluators import (
+    check_include_exclude,
+    exact_match,
+    ods_cell,
+    ods_cell_equals,
+)
+from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, TaskFileError, load_tasks
+
+BLANK = DEFAULT_TASK_FILE.parent / "files" / "blank.ods"
+
+
+def test_the_shipped_tasks_load_with_their_config_and_evaluator() -> None:
+    tasks = load_tasks(DEFAULT_TASK_FILE)
+    assert len(tasks) == 8
+    apps = {t.app for t in tasks}
+    assert apps == {"terminal", "text editor", "file manager", "calculator", "libreoffice calc"}
+    for task in tasks:
+        assert task.instruction and task.model_extra is not None
+        assert task.model_extra["evaluator"]["func"]
+
+
+def test_every_shipped_task_has_a_demonstration() -> None:
+    """``test_real_desktops`` plays each one on the real app; a task without one is unproven."""
+    assert sorted(DEMONSTRATIONS) == sorted(t.task_id for t in load_tasks(DEFAULT_TASK_FILE))
+
+
+def test_an_unsupported_metric_is_one_line_naming_the_task(tmp_path: Path) -> None:
+    bad = json.loads(DEFAULT_TASK_FILE.read_text())[:1]
+    bad[0]["evaluator"]["func"] = "compare_table"
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TaskFileError, match="terminal_hello_file: metric 'compare_table'"):
+        load_tasks(path)
+
+
+def test_text_metrics() -> None:
+    assert exact_match(b"hello desktop\n", {"expected": "hello desktop"})[0] == 1.0
+    assert exact_match(None, {"expected": "x"})[0] == 0.0
+    assert exact_match("hello", {"expected": "hello desktop"})[0] == 0.0
+    assert check_include_exclude("a b", {"include": ["a"], "exclude": ["c"]})[0] == 1.0
+    assert check_include_exclude("a b c", {"include": ["a"], "exclude": ["c"]})[0] == 0.0
+
+
+def test_ods_cells_of_libreoffice_blank_sheet() -> None:
+    data = BLANK.read_bytes()
+    assert ods_cell(data, "A1") is None
+    assert ods_cell_equals(data, {"cell": "A1", "expected": 42})[0] == 0.0
+    assert ods_cell_equals(b"not a zip", {"cell": "A1", "expected": 42})[0] == 0.0
+    assert ods_cell_equals(None, {"cell": "A1", "expected": 42})[0] == 0.0
