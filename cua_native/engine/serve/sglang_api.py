@@ -22,6 +22,14 @@ Routes and shapes follow sgl-project/sglang (``http_server.py``, ``tokenizer_man
 
 Not served (clear 400): streaming, LoRA, input/top logprobs (AReaL's teacher ``compute_logp``),
 routed experts, memory release/resume.
+
+Checked against SGLang's own ``TokenizerManager`` (``tests/conformance``): the ids the stand-in
+runs for a payload are the ids SGLang 0.5.10.post1 builds. Where it still differs: a running
+request aborted by a pause keeps its partial tokens here and always answers ``"Aborted"``
+(SGLang's message varies by release); ``/health`` reports the engine's state without running a
+generation (SGLang's ``/health_generate`` runs one); and a continuation keeps its ids where
+0.5.10.post1 re-tokenizes them only when the decoded text differs (the project's client never
+sends one).
 """
 
 from __future__ import annotations

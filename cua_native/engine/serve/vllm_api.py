@@ -22,6 +22,14 @@ What AReaL's client does with an aborted chat answer is the subject of
 ``cua_native.engine.vllm_restart`` (it concatenates partial + restart:
 docs/design-notes.md#vllm-chat-abort).
 Not served (clear 400): streaming, LoRA, top-k alternatives, prompt logprobs, sleep/wake-up.
+
+Checked against vLLM 0.19.1's own classes (``tests/conformance``): the project's requests
+validate as ``ChatCompletionRequest``/``CompletionRequest`` with no unknown field and vLLM's
+renderer builds the same prompt ids; this server's answers validate as
+``ChatCompletionResponse``/``CompletionResponse``. Where it still differs: log-probs are always
+the engine's ``log_softmax(logits / T)`` (vLLM's ``--logprobs-mode processed_logprobs``, which
+the project's vLLM config sets; vLLM's default ``raw_logprobs`` leaves out the temperature and
+is not emulated), and ``/health`` reports the engine's state without touching the model.
 """
 
 from __future__ import annotations
