@@ -27,9 +27,8 @@ Checked against SGLang's own ``TokenizerManager`` (``tests/conformance``): the i
 runs for a payload are the ids SGLang 0.5.10.post1 builds. Where it still differs: a running
 request aborted by a pause keeps its partial tokens here and always answers ``"Aborted"``
 (SGLang's message varies by release); ``/health`` reports the engine's state without running a
-generation (SGLang's ``/health_generate`` runs one); and a continuation keeps its ids where
-0.5.10.post1 re-tokenizes them only when the decoded text differs (the project's client never
-sends one).
+generation (SGLang's ``/health_generate`` runs one); and a continuation is re-tokenized as
+0.5.10.post1 does, where 0.5.23 keeps the ids sent (the project's client never sends one).
 """
 
 from __future__ import annotations
