@@ -1,8 +1,9 @@
 """The real inference servers' own code on the payloads the project sends.
 
 Payloads come from real episodes: ``CUAAgentWorkflow.arun_episode`` on the embedded simulator,
-both families, three turns (one to three screenshots per prompt), at the tiny and at the real
-Qwen3-VL pixel budget. The engine behind them answers each turn with a valid action in the
+three turns (one to three screenshots per prompt), with the agent settings of every shipped
+cluster config (its family, prompt variant and pixel budget, with three history images) at the
+real Qwen3-VL processor budget, and with both families at the tiny model's budget. The engine behind them answers each turn with a valid action in the
 family's own format (it only has to keep the episode going); every prompt it receives is the
 prompt builder's, and AReaL's backends (the project's and AReaL's stock ones) turn it into the
 HTTP payload a server gets. The probes under ``probes/`` then run in the servers' own
@@ -31,7 +32,7 @@ from cua_native.actions.dialects import get_dialect
 from cua_native.actions.models import Click
 from cua_native.gym.sim import SimGym
 from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
-from cua_native.rollout.config import AgentConfig, SamplingConfig
+from cua_native.rollout.config import AgentConfig, GymConfig, SamplingConfig
 from cua_native.rollout.workflow import CUAAgentWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,12 @@ BUDGETS: dict[str, tuple[TinySpec, int]] = {
     "real": (TinySpec(min_pixels=65536, max_pixels=16777216), 2621440),
 }
 FAMILIES = ("qwen3_vl", "mai_ui")
+CLUSTER_CONFIGS = (
+    "mai_ui_android",
+    "qwen3_vl_android",
+    "qwen3_vl_linux",
+    "qwen3_vl_android_vllm",
+)
 
 
 def server_python(name: str) -> Path:
@@ -120,26 +127,41 @@ class ScriptedEngine:
 class Turns:
     """The prompts of one episode, as the workflow sent them."""
 
-    family: str
+    label: str
+    """The shipped config whose agent settings played it, or the family (tiny budget)."""
     budget: str
     model_dir: Path
     requests: list[ModelRequest] = field(default_factory=list)
 
 
-def play(family: str, budget: str, model_dir: Path, turns: int = 3) -> Turns:
+def tiny_agent(family: str, model_dir: Path, turns: int) -> AgentConfig:
+    return AgentConfig(
+        family=family,  # type: ignore[arg-type]
+        model_path=str(model_dir),
+        prompt={"history_images": turns, "max_pixels": BUDGETS["tiny"][1]},
+        sampling=SamplingConfig(max_new_tokens=64, temperature=1.0),
+    )
+
+
+def shipped_agent(name: str, model_dir: Path, turns: int) -> AgentConfig:
+    """A shipped cluster config's agent (family, prompt variant, pixel budget, sampling) on the
+    simulator, keeping ``turns`` screenshots of history."""
+    from cua_native.config import load_config
+
+    agent = load_config(ROOT / "configs" / f"{name}.yaml", [f"actor.path={model_dir}"]).cua.agent
+    return agent.model_copy(
+        update={"model_path": str(model_dir), "prompt": {**agent.prompt, "history_images": turns}}
+    )
+
+
+def play(label: str, budget: str, model_dir: Path, agent: AgentConfig, turns: int = 3) -> Turns:
     """One episode of ``turns`` turns on the simulator; the requests its engine received."""
     from transformers import AutoProcessor
 
-    _, prompt_pixels = BUDGETS[budget]
     processor = AutoProcessor.from_pretrained(model_dir)
-    config = AgentConfig(
-        family=family,  # type: ignore[arg-type]
-        model_path=str(model_dir),
-        prompt={"history_images": turns, "max_pixels": prompt_pixels},
-        max_turns=turns,
-        group_size=1,
-        infra_retries=0,
-        sampling=SamplingConfig(max_new_tokens=64, temperature=1.0),
+    family = agent.family
+    config = agent.model_copy(
+        update={"max_turns": turns, "group_size": 1, "infra_retries": 0, "gym": GymConfig()}
     )
 
     async def episode() -> list[ModelRequest]:
@@ -154,12 +176,12 @@ def play(family: str, budget: str, model_dir: Path, turns: int = 3) -> Turns:
             await gym.aclose()
         return engine.requests
 
-    return Turns(family, budget, model_dir, asyncio.run(episode()))
+    return Turns(label, budget, model_dir, asyncio.run(episode()))
 
 
 @dataclass
 class Corpus:
-    """Every episode's prompts, by (family, budget)."""
+    """Every episode's prompts, by (label, budget)."""
 
     episodes: dict[tuple[str, str], Turns]
 
@@ -170,10 +192,12 @@ class Corpus:
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     episodes: dict[tuple[str, str], Turns] = {}
-    for budget, (spec, _) in BUDGETS.items():
-        model_dir = build_tiny_qwen3_vl(tmp_path_factory.mktemp(f"tiny-{budget}"), spec)
-        for family in FAMILIES:
-            episodes[family, budget] = play(family, budget, model_dir)
+    tiny_dir = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-tiny"), BUDGETS["tiny"][0])
+    for family in FAMILIES:
+        episodes[family, "tiny"] = play(family, "tiny", tiny_dir, tiny_agent(family, tiny_dir, 3))
+    real_dir = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-real"), BUDGETS["real"][0])
+    for name in CLUSTER_CONFIGS:
+        episodes[name, "real"] = play(name, "real", real_dir, shipped_agent(name, real_dir, 3))
     return Corpus(episodes)
 
 

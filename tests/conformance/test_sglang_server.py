@@ -46,7 +46,7 @@ def cases(corpus: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
     expected: dict[str, dict[str, Any]] = {}
     for turns in corpus.all():
         for index, req in enumerate(turns.requests):
-            name = f"{turns.family}-{turns.budget}-{index + 1}img"
+            name = f"{turns.label}-{turns.budget}-{index + 1}img"
             grid = req.metadata["multi_modal_input"]["image_grid_thw"].tolist()
             wire = [
                 ("ours", payload(CheckedSGLangBackend(), req)),
@@ -74,7 +74,7 @@ def cases(corpus: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]
             continue
         legacy = []
         for index, req in enumerate(turns.requests):
-            key = f"{turns.family}-{turns.budget}-{index + 1}img-legacy"
+            key = f"{turns.label}-{turns.budget}-{index + 1}img-legacy"
             legacy.append({"name": key, "payload": payload(CheckedSGLangBackend(), req)})
             grid = req.metadata["multi_modal_input"]["image_grid_thw"].tolist()
             expected[key] = {"input_ids": req.input_ids, "image_grid_thw": grid}
@@ -104,7 +104,7 @@ def answers(
 def test_every_vision_turn_arrives_as_our_exact_ids(answers: Any) -> None:
     env, got, expected = answers
     ours = [k for k in expected if k.endswith("-ours")]
-    assert len(ours) == 12  # 2 families x 2 budgets x 3 turns (1-3 screenshots)
+    assert len(ours) == 18  # (4 shipped configs + 2 tiny families) x 3 turns (1-3 images)
     legacy = [k for k in expected if k.endswith("-legacy")]
     assert len(legacy) == 6  # the tiny budget again, with sglang.skip_tokenizer_init
     for key in ours + legacy:
@@ -119,7 +119,7 @@ def test_the_expanded_ids_areal_sends_fail_on_the_server(answers: Any) -> None:
     transformers' ``IndexError``; 0.5.23 fails it in its own processor)."""
     env, got, expected = answers
     stock = [k for k in expected if k.endswith("-stock")]
-    assert len(stock) == 12
+    assert len(stock) == 18
     for key in stock:
         assert got[key]["input_ids"] is None, f"{env} {key} was accepted"
         assert got[key]["error"], f"{env} {key}"
@@ -134,7 +134,7 @@ def test_a_continuation_is_re_tokenized_by_the_pinned_release(answers: Any) -> N
     0.5.23 keeps the ids sent (a restart is exact on both)."""
     env, got, expected = answers
     continued = [k for k in expected if k.endswith("-continued")]
-    assert len(continued) == 4
+    assert len(continued) == 6
     for key in continued:
         assert got[key]["error"] is None, f"{env} {key}: {got[key]['error']}"
         if env == "sglang-0.5.10.post1":

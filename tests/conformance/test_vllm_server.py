@@ -92,7 +92,7 @@ def vllm_run(corpus: Any, conformance: Any, tmp_path_factory: Any) -> Any:
     groups: dict[Path, list[dict[str, Any]]] = {}
     for turns in corpus.all():
         for index, req in enumerate(turns.requests):
-            name = f"{turns.family}-{turns.budget}-{index + 1}img"
+            name = f"{turns.label}-{turns.budget}-{index + 1}img"
             groups.setdefault(turns.model_dir, []).append(
                 {"name": name, "payload": chat_payload(req)}
             )
@@ -127,7 +127,7 @@ def test_areal_server_command_parses_and_sets_processed_logprobs(vllm_run: Any) 
 def test_every_vision_turn_renders_as_our_exact_ids(vllm_run: Any) -> None:
     answers, expected, _, tiny = vllm_run
     rendered = [r for a in answers.values() for r in a["chat"]]
-    assert len(rendered) == 12  # 2 families x 2 budgets x 3 turns (1-3 screenshots)
+    assert len(rendered) == 18  # (4 shipped configs + 2 tiny families) x 3 turns
     for result in rendered:
         name = result["name"]
         assert result["error"] is None, f"{name}: {result['error']}"

@@ -53,7 +53,7 @@ def test_raw_logprobs_pass_at_the_models_own_distribution() -> None:
 @pytest.mark.parametrize("mode", ["raw_logits", "processed_logits", "tempered"])
 def test_logit_modes_and_unknown_modes_are_refused(mode: str) -> None:
     loaded = load_config(VLLM, [f"vllm.logprobs_mode={mode}"])
-    with pytest.raises(ConfigError, match="^config error: vllm.logprobs_mode: must be"):
+    with pytest.raises(ConfigError, match=r"^config error: vllm\.logprobs_mode: must be"):
         check_cluster_config(loaded)
 
 
@@ -76,7 +76,7 @@ def test_a_vllm_without_logprobs_mode_is_refused_at_temperature(
 def test_sglang_must_tokenize_with_the_trained_model(name: str) -> None:
     check_cluster_config(load_config(CONFIGS / name))
     loaded = load_config(CONFIGS / name, ["sglang.model_path=/models/another"])
-    with pytest.raises(ConfigError, match="^config error: sglang.model_path: must be actor.path"):
+    with pytest.raises(ConfigError, match=r"^config error: sglang\.model_path: must be actor\.path"):
         check_cluster_config(loaded)
 
 
