@@ -43,12 +43,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cua_native.config import LoadedConfig, load_config
 
 RAY_CPUS = 4
 """Logical CPUs of the rehearsal's local Ray cluster: the actor's placement group and the
 rollout's (one each), AReaL's master-address probe and room to spare; not cores it uses."""
+RAY_START_ATTEMPTS = 3
 RAY_NO_UV_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
 """Under ``uv run`` Ray builds each worker a fresh environment from the working directory
 (minutes, and its workers then start in a copy of it); with ``0`` the rehearsal's workers run
@@ -95,6 +97,30 @@ def host_address() -> str:
     return address
 
 
+def _start_local_ray(ray: Any) -> None:
+    """``ray.init`` of a new local cluster, tried ``RAY_START_ATTEMPTS`` times: Ray gives its
+    raylet a fixed 30 s to register with the GCS, which a loaded machine can miss ("The current
+    node timed out during startup"). The processes a failed attempt started are stopped by pid
+    before the next."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = {child.pid for child in me.children(recursive=True)}
+        try:
+            ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False)
+            return
+        except Exception as error:  # Ray raises a bare Exception here
+            if "timed out during startup" not in str(error) or attempt == RAY_START_ATTEMPTS:
+                raise
+        for child in me.children(recursive=True):
+            if child.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+        ray.shutdown()
+        print(f"ray: the local cluster did not start in time; attempt {attempt + 1}", flush=True)
+
+
 @contextlib.contextmanager
 def ray_cluster() -> Iterator[str]:
     """A Ray cluster for the rehearsal: ``RAY_ADDRESS``'s if set, else a new local one of
@@ -111,7 +137,7 @@ def ray_cluster() -> Iterator[str]:
         ray.init(address=address, include_dashboard=False)
         what = f"attached to the Ray cluster at {address}"
     else:
-        ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False)
+        _start_local_ray(ray)
         what = f"a local Ray cluster ({RAY_CPUS} logical CPUs)"
     # ray.init makes SIGTERM a bare sys.exit; the caller's handler (handle_sigterm) stays
     if threading.current_thread() is threading.main_thread():

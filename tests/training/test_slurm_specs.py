@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cua_native.config import ConfigError, LoadedConfig, load_config
+from cua_native.training.checks import check_cluster_config
 from cua_native.training.cluster import apply_worker_env, worker_env
 from cua_native.training.slurm_scheduler import (
     bound_directories,
@@ -187,8 +188,8 @@ def test_specs_must_agree_and_bind_the_shared_paths(tmp_path: Path) -> None:
         spec.mount = "/storage:/storage"
     with pytest.raises(ConfigError, match=r"^config error: cluster.fileroot: .* not under"):
         check_slurm_specs(loaded)
-    # the Ray config is not a Slurm one
-    check_slurm_specs(load_config(MULTINODE))
+    # the shipped config binds its shared paths, so it runs on Slurm by one override
+    check_cluster_config(load_config(MULTINODE, ["scheduler.type=slurm"]))
 
 
 def test_an_environment_value_the_srun_line_would_split_is_refused(tmp_path: Path) -> None:
