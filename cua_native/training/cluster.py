@@ -203,6 +203,10 @@ def run_cluster(
     if not one_host:
         check_attach(loaded, attach_addresses(attach or ()))
         check_shared_storage(loaded)
+    if loaded.areal.scheduler.type == "ray":
+        from cua_native.training.ray_scheduler import connect_ray
+
+        connect_ray()  # before handle_sigterm below: ray.init replaces the SIGTERM handler
     plan = plan_cluster_run(loaded, one_host=one_host)
     os.environ.update(plan.worker_env)
     apply_worker_env(loaded, plan.worker_env)

@@ -16,12 +16,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from areal.infra.scheduler.ray import RayScheduler
 from areal.infra.utils.launcher import get_env_vars, get_thread_env_vars
 from areal.utils.offload import get_tms_env_vars
 
+from cua_native.config import ConfigError
 from cua_native.training.local_scheduler import FORK_READY_TIMEOUT_S
 
 
@@ -36,6 +38,26 @@ class PatientRayScheduler(RayScheduler):
             env.update(get_tms_env_vars())
         env.update(get_thread_env_vars(cpus_per_task=spec.cpu, existing_env_vars=spec.env_vars))
         return env
+
+
+def connect_ray() -> None:
+    """Join the Ray cluster (``RAY_ADDRESS``, else the one ``ray start`` left on this node) unless
+    this process already has; no cluster is one ``ConfigError`` line. Called before the trainer
+    installs its SIGTERM handler: ``ray.init`` replaces the handler with a bare ``sys.exit``,
+    which Ray's waits swallow (``lifecycle.Terminated``). Never starts a one-node cluster in
+    place of the one the config was written for."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address)
+    except ConnectionError as error:
+        raise ConfigError(
+            f"config error: scheduler.type: 'ray' needs a running Ray cluster ({error}); start "
+            "one (`ray start --head`, `ray start --address HEAD:6379`) or set RAY_ADDRESS"
+        ) from None
 
 
 def patient_ray_scheduler(config: Any) -> PatientRayScheduler:
