@@ -2,8 +2,9 @@
 
 The same config and the same AReaL code path — ``PPOTrainer`` (``CUAPPOTrainer``) with its
 scheduler (a Ray config keeps AReaL's Ray scheduler, on a Ray cluster of this machine; any other
-config runs on AReaL's local scheduler), rollout executor, AReaL's remote engine client, the FSDP actor, weight updates,
-evals and checkpoints — with local stand-ins for the cluster's outside parts:
+config runs on AReaL's local scheduler), rollout executor, AReaL's remote engine client, the
+FSDP actor, weight updates, evals and checkpoints — with local stand-ins for the cluster's
+outside parts:
 
 - the gym: the simulator served over HTTP (``python -m cua_native.gym.server``) under the
   config's ``gym_id``, screenshots rendered small;
@@ -51,6 +52,7 @@ RAY_CPUS = 4
 """Logical CPUs of the rehearsal's local Ray cluster: the actor's placement group and the
 rollout's (one each), AReaL's master-address probe and room to spare; not cores it uses."""
 RAY_START_ATTEMPTS = 3
+"""Tries at starting the local Ray cluster (``_start_local_ray``)."""
 RAY_NO_UV_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
 """Under ``uv run`` Ray builds each worker a fresh environment from the working directory
 (minutes, and its workers then start in a copy of it); with ``0`` the rehearsal's workers run
@@ -124,9 +126,10 @@ def _start_local_ray(ray: Any) -> None:
 @contextlib.contextmanager
 def ray_cluster() -> Iterator[str]:
     """A Ray cluster for the rehearsal: ``RAY_ADDRESS``'s if set, else a new local one of
-    ``RAY_CPUS`` logical CPUs (set ``RAY_NO_UV_ENV`` before Ray is imported: ``train`` does). ``ray.shutdown`` on every way out stops the local cluster's
-    processes (and with them every actor); on an attached cluster AReaL's scheduler has deleted
-    its actors and placement groups before (``CUAPPOTrainer.close``). Yields what it did."""
+    ``RAY_CPUS`` logical CPUs (``RAY_NO_UV_ENV`` must be set before Ray is imported: ``train``
+    does). ``ray.shutdown`` on every way out stops the local cluster's processes (and with them
+    every actor); on an attached cluster AReaL's scheduler has deleted its actors and placement
+    groups before (``CUAPPOTrainer.close``). Yields what it did."""
     import signal
 
     import ray
