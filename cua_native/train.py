@@ -157,6 +157,8 @@ def _rehearse(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
+    # Ray reads this when imported (AReaL's config imports it): see rehearsal.RAY_NO_UV_ENV
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from cua_native.config import ConfigError, load_config
     from cua_native.monitor.client.lifecycle import Terminated
     from cua_native.training.rehearsal import rehearse

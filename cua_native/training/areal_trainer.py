@@ -9,6 +9,9 @@ calls once per step and changes nothing else of the loop:
   (which demands the ``sglang`` package even when nothing is launched) is never called. The
   rollout workers then hold no GPU, so they run ``attached_engines``' clients, which ask the
   servers for the actor's collective backend (``nccl`` on GPUs) for xccl weight updates;
+- **scheduler**: AReaL's own, with the changes of ``local_scheduler``, ``ray_scheduler`` and
+  ``slurm_scheduler`` (patience on loaded machines; ports; environment values kept whole; the
+  specs' container settings);
 - **actor**: ``CUAFSDPPPOActor`` (one sequence per micro-batch unless attention is varlen);
 - **workers**: whatever the scheduler started is stopped when ``__init__`` fails half-way (a
   setting AReaL rejects after the actor is up) and after ``close`` (even if part of it failed);
@@ -143,6 +146,14 @@ class CUAPPOTrainer(PPOTrainer):
     def _init_scheduler(self) -> Any:
         if self.config.scheduler.type == "local":
             return patient_local_scheduler(self.config)
+        if self.config.scheduler.type == "ray":
+            from cua_native.training.ray_scheduler import patient_ray_scheduler
+
+            return patient_ray_scheduler(self.config)
+        if self.config.scheduler.type == "slurm":
+            from cua_native.training.slurm_scheduler import slurm_scheduler
+
+            return slurm_scheduler(self.config)
         return super()._init_scheduler()
 
     def _create_train_engine(self, actor_config: Any, alloc: Any) -> Any:

@@ -18,6 +18,10 @@ left at AReaL's default (``docs/design-notes.md``, "The cluster path"):
 - ``cua.agent.prompt.max_pixels`` unset or above the model processor's budget: the server
   resizes the image again and the prompt ids drift from the trainer's;
 - the inference server's own settings (``cua_native.training.server_checks``).
+
+With the Ray or Slurm scheduler the rules of ``cua_native.training.multinode`` follow (what must
+be reachable from and shared by every node), unless the run is known to stay on one host; with
+Slurm those of ``slurm_scheduler.check_slurm_specs`` (the container every role runs in).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from cua_native.config import ConfigError, LoadedConfig
+from cua_native.training.multinode import check_multinode_config
 from cua_native.training.server_checks import check_server_settings
+from cua_native.training.slurm_scheduler import check_slurm_specs
 
 SCHEDULERS = ("local", "ray", "slurm")
 BACKENDS = ("sglang", "vllm")
@@ -49,8 +55,10 @@ def _fail(field: str, message: str) -> NoReturn:
     raise ConfigError(f"config error: {field}: {message}")
 
 
-def check_cluster_config(loaded: LoadedConfig) -> None:
-    """All rules that need no model files; ``check_pixel_budget`` needs the processor."""
+def check_cluster_config(loaded: LoadedConfig, *, one_host: bool = False) -> None:
+    """All rules that need no model files; ``check_pixel_budget`` needs the processor.
+    ``one_host``: the Ray or Slurm cluster is this one machine (a rehearsal), so the rules of
+    spanning nodes (``multinode.check_multinode_config``) do not apply."""
     areal, cua = loaded.areal, loaded.cua
     if not areal.actor.path:
         _fail("actor.path", "must name the model to train (a local directory)")
@@ -122,6 +130,9 @@ def check_cluster_config(loaded: LoadedConfig) -> None:
             "and the loader copies the gym's list",
         )
     check_server_settings(loaded)
+    if not one_host:
+        check_multinode_config(loaded)
+    check_slurm_specs(loaded)
 
 
 def pixel_budget(processor: Any) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from typing import Any
 from cua_native.config import ConfigError, LoadedConfig
 from cua_native.monitor.client.lifecycle import RUN_NAME_ENV
 from cua_native.training.checks import backend_name, check_cluster_config, check_pixel_budget
+from cua_native.training.multinode import check_shared_storage, is_loopback_host, spans_nodes
+from cua_native.training.slurm_scheduler import check_slurm_env
 
 WORKFLOW_PATH = "cua_native.workflow.CUAAgentWorkflow"
 WORKER_OBSERVER = "cua_native.monitor.client.worker.observer_from_env"
@@ -105,12 +107,15 @@ def prepare_areal_config(loaded: LoadedConfig, eval_rows: list[dict[str, Any]]) 
         areal.vllm.allowed_media_domains = list(loaded.cua.agent.gym.allowed_media_domains)
 
 
-def plan_cluster_run(loaded: LoadedConfig, processor: Any = None) -> ClusterPlan:
-    """Checks (config, then the pixel budget against the model's processor), tasks, kwargs."""
+def plan_cluster_run(
+    loaded: LoadedConfig, processor: Any = None, *, one_host: bool = False
+) -> ClusterPlan:
+    """Checks (config, then the pixel budget against the model's processor), tasks, kwargs.
+    ``one_host``: a Ray or Slurm cluster of this machine alone (``check_cluster_config``)."""
     from cua_native.rollout.factories import load_processor
     from cua_native.rollout.workflow import workflow_kwargs
 
-    check_cluster_config(loaded)
+    check_cluster_config(loaded, one_host=one_host)
     if processor is None:
         try:
             processor = load_processor(loaded.areal.actor.path)
@@ -167,15 +172,42 @@ def make_monitor(loaded: LoadedConfig, plan: ClusterPlan) -> Any:
     )
 
 
-def run_cluster(loaded: LoadedConfig, *, attach: list[str] | None = None) -> None:
+def check_attach(loaded: LoadedConfig, attach: list[str]) -> None:
+    """Servers to attach to must be reachable from every node when workers may run on others."""
+    from cua_native.training.areal_trainer import ATTACH_ENV
+
+    if not spans_nodes(loaded):
+        return
+    for address in attach:
+        if is_loopback_host(address.rpartition(":")[0]):
+            raise ConfigError(
+                f"config error: {ATTACH_ENV}: {address!r} is a loopback address, which names a "
+                f"different host on every node (scheduler.type {loaded.areal.scheduler.type!r})"
+            )
+
+
+def run_cluster(
+    loaded: LoadedConfig, *, attach: list[str] | None = None, one_host: bool = False
+) -> None:
     """Train with AReaL's PPOTrainer (``CUAPPOTrainer``). ``attach``: running inference servers
-    (``host:port``; default ``AREAL_LLM_SERVER_ADDRS``) instead of launching them."""
+    (``host:port``; default ``AREAL_LLM_SERVER_ADDRS``) instead of launching them. ``one_host``:
+    the Ray or Slurm cluster is this machine alone (a rehearsal): the checks of spanning nodes
+    (``multinode``) are skipped."""
     import datasets
 
     from cua_native.monitor.client.lifecycle import handle_sigterm
-    from cua_native.training.areal_trainer import CUAPPOTrainer
+    from cua_native.training.areal_trainer import CUAPPOTrainer, attach_addresses
 
-    plan = plan_cluster_run(loaded)
+    check_cluster_config(loaded, one_host=one_host)
+    check_slurm_env(loaded, worker_env(loaded))
+    if not one_host:
+        check_attach(loaded, attach_addresses(attach or ()))
+        check_shared_storage(loaded)
+    if loaded.areal.scheduler.type == "ray":
+        from cua_native.training.ray_scheduler import connect_ray
+
+        connect_ray()  # before handle_sigterm below: ray.init replaces the SIGTERM handler
+    plan = plan_cluster_run(loaded, one_host=one_host)
     os.environ.update(plan.worker_env)
     apply_worker_env(loaded, plan.worker_env)
     train = datasets.Dataset.from_list(plan.train_rows)

@@ -1,14 +1,25 @@
 """``python -m cua_native.train --config CONFIG --rehearse``: the cluster run, on this machine.
 
 The same config and the same AReaL code path — ``PPOTrainer`` (``CUAPPOTrainer``) with its
-local scheduler, rollout executor, AReaL's remote engine client, the FSDP actor, weight updates,
-evals and checkpoints — with local stand-ins for the cluster's outside parts:
+scheduler (a Ray config keeps AReaL's Ray scheduler, on a Ray cluster of this machine; any other
+config runs on AReaL's local scheduler), rollout executor, AReaL's remote engine client, the
+FSDP actor, weight updates, evals and checkpoints — with local stand-ins for the cluster's
+outside parts:
 
 - the gym: the simulator served over HTTP (``python -m cua_native.gym.server``) under the
   config's ``gym_id``, screenshots rendered small;
 - the model: the tiny Qwen3-VL (``cua_native/models/tiny.py``) or ``--model``;
 - the inference server: ``python -m cua_native.engine.serve`` speaking the configured backend's
   API (SGLang or vLLM) from the in-process engine; the trainer attaches to it.
+
+On Ray (``scheduler.type: ray``) the rehearsal starts a local Ray cluster (``ray.init``; with
+``RAY_ADDRESS`` set it attaches to that cluster instead) and stops it on every way out (error,
+SIGTERM); the workers are Ray actors AReaL's Ray scheduler places, whose ``CUA_*`` environment
+comes from the scheduling specs; the gym and the stand-in server listen on this host's
+non-loopback address (AReaL's ``gethostip``, as its callback server) where the OS has one, and the
+workers reach them there. Each spec asks for one CPU and 1 GiB (the local cluster declares
+``RAY_CPUS`` logical CPUs); the checks of spanning nodes (``multinode``) are skipped, as the
+cluster is this one host.
 
 What it may change, and prints: the allocation (one local process each), the model, the gym,
 the sizes (tasks per step, group, turns, tokens), on CPU flash attention becomes ``sdpa`` (then
@@ -33,9 +44,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cua_native.config import LoadedConfig, load_config
 
+RAY_CPUS = 4
+"""Logical CPUs of the rehearsal's local Ray cluster: the actor's placement group and the
+rollout's (one each), AReaL's master-address probe and room to spare; not cores it uses."""
+RAY_START_ATTEMPTS = 3
+"""Tries at starting the local Ray cluster (``_start_local_ray``)."""
+RAY_NO_UV_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
+"""Under ``uv run`` Ray builds each worker a fresh environment from the working directory
+(minutes, and its workers then start in a copy of it); with ``0`` the rehearsal's workers run
+this interpreter, as on a cluster with one image. Ray reads it when it is imported."""
 SIM_SCREENSHOT = "216x480"
 """The simulated phone's screenshots (1080x2400 scaled by 1/5): ~100 image tokens each."""
 READY_TIMEOUT_S = 600.0
@@ -58,10 +79,76 @@ class Rehearsal:
         self.reasons.append(f"  {key} = {shown}  ({why})")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def host_address() -> str:
+    """This host's non-loopback IPv4 address (AReaL's ``gethostip``: what its workers and
+    callback server use), or ``127.0.0.1`` where the OS has none to bind."""
+    from areal.utils.network import gethostip
+
+    try:
+        address = str(gethostip())
+        with socket.socket() as s:
+            s.bind((address, 0))
+    except (RuntimeError, OSError):
+        return "127.0.0.1"
+    return address
+
+
+def _start_local_ray(ray: Any) -> None:
+    """``ray.init`` of a new local cluster, tried ``RAY_START_ATTEMPTS`` times: Ray gives its
+    raylet a fixed 30 s to register with the GCS, which a loaded machine can miss ("The current
+    node timed out during startup"). The processes a failed attempt started are stopped by pid
+    before the next."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = {child.pid for child in me.children(recursive=True)}
+        try:
+            ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False)
+            return
+        except Exception as error:  # Ray raises a bare Exception here
+            if "timed out during startup" not in str(error) or attempt == RAY_START_ATTEMPTS:
+                raise
+        for child in me.children(recursive=True):
+            if child.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+        ray.shutdown()
+        print(f"ray: the local cluster did not start in time; attempt {attempt + 1}", flush=True)
+
+
+@contextlib.contextmanager
+def ray_cluster() -> Iterator[str]:
+    """A Ray cluster for the rehearsal: ``RAY_ADDRESS``'s if set, else a new local one of
+    ``RAY_CPUS`` logical CPUs (``RAY_NO_UV_ENV`` must be set before Ray is imported: ``train``
+    does). ``ray.shutdown`` on every way out stops the local cluster's processes (and with them
+    every actor); on an attached cluster AReaL's scheduler has deleted its actors and placement
+    groups before (``CUAPPOTrainer.close``). Yields what it did."""
+    import signal
+
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    if address:
+        ray.init(address=address, include_dashboard=False)
+        what = f"attached to the Ray cluster at {address}"
+    else:
+        _start_local_ray(ray)
+        what = f"a local Ray cluster ({RAY_CPUS} logical CPUs)"
+    # ray.init makes SIGTERM a bare sys.exit; the caller's handler (handle_sigterm) stays
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, sigterm)
+    try:
+        yield what
+    finally:
+        ray.shutdown()
 
 
 def plan_rehearsal(
@@ -90,7 +177,8 @@ def plan_rehearsal(
     r.set("allocation_mode", "''", "one local process per role")
     r.set("actor.backend", "fsdp:d1", "one local actor process")
     r.set("rollout.backend", f"{backend}:d1", f"one local {backend} stand-in server")
-    r.set("scheduler.type", "local", "workers are local processes")
+    if areal.scheduler.type != "ray":
+        r.set("scheduler.type", "local", "workers are local processes")
     r.set("cluster.fileroot", run_dir / "areal", "checkpoints and disk weight updates in RUN_DIR")
     r.set("cluster.name_resolve.type", "nfs", "a local name_resolve directory")
     r.set("cluster.name_resolve.nfs_record_root", run_dir / "name_resolve", "in RUN_DIR")
@@ -228,8 +316,10 @@ def rehearse(
             server_env = {"CUDA_VISIBLE_DEVICES": str(gpus - 1)}
             os.environ["CUDA_VISIBLE_DEVICES"] = "0"
     flash_attn = importlib.util.find_spec("flash_attn") is not None
-    gym_port, server_port = free_port(), free_port()
-    gym_url = f"http://127.0.0.1:{gym_port}"
+    on_ray = loaded.areal.scheduler.type == "ray"
+    host = host_address() if on_ray else "127.0.0.1"
+    gym_port, server_port = free_port(host), free_port(host)
+    gym_url = f"http://{host}:{gym_port}"
     plan = plan_rehearsal(
         loaded,
         steps=steps,
@@ -243,7 +333,7 @@ def rehearse(
         user_keys=frozenset(o.split("=", 1)[0] for o in overrides),
     )
     rehearsed = load_config(config_path, [*plan.overrides, *overrides])
-    check_cluster_config(rehearsed)
+    check_cluster_config(rehearsed, one_host=True)
     # the stand-in server is started here, not by AReaL: the rollout workers are clients only
     for spec in rehearsed.areal.rollout.scheduling_spec:
         spec.gpu = 0
@@ -254,6 +344,17 @@ def rehearse(
         f"  actor.scheduling_spec[*].gpu = {actor_gpus}, "
         "rollout.scheduling_spec[*].gpu = 0  (the rollout workers only attach)"
     )
+    if on_ray:
+        for spec in [
+            *rehearsed.areal.actor.scheduling_spec,
+            *rehearsed.areal.rollout.scheduling_spec,
+        ]:
+            spec.cpu, spec.mem = 1, 1
+        plan.reasons.append(
+            "  {actor,rollout}.scheduling_spec[*].cpu = 1, .mem = 1  (a Ray cluster of one "
+            f"host); gym and stand-in server on {host}"
+            + ("" if host != "127.0.0.1" else " (this host has no other address to bind)")
+        )
     backend = rehearsed.areal.rollout.backend.split(":", 1)[0]
     print(f"rehearsal of {config_path} on {device} ({backend}); changed:")
     print("\n".join(plan.reasons))
@@ -261,14 +362,14 @@ def rehearse(
     collective = {"cpu": " over gloo"}.get(device, " over nccl") if mode == "xccl" else ""
     print(
         "kept: backend, family/dialect/prompt, pixel-budget rules, workflow and its kwargs, "
-        f"weight-update mode ({mode}{collective})"
+        f"weight-update mode ({mode}{collective})" + (", scheduler (ray)" if on_ray else "")
     )
     gym_cmd = [
         sys.executable,
         "-m",
         "cua_native.gym.server",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(gym_port),
         "--gym-id",
@@ -287,7 +388,7 @@ def rehearse(
         "--model",
         str(model_dir.resolve()),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(server_port),
         "--device",
@@ -297,11 +398,14 @@ def rehearse(
     logs = run_dir / "logs"
     with (
         handle_sigterm(),  # SIGTERM raises: the stand-ins below are stopped on the way out
+        ray_cluster() if on_ray else contextlib.nullcontext("") as cluster,
         _process(gym_cmd, "Uvicorn running", "gym server", logs / "gym.log"),
         _process(
             serve_cmd, "serving ", f"{backend} stand-in server", logs / "serve.log", server_env
         ),
     ):
-        run_cluster(rehearsed, attach=[f"127.0.0.1:{server_port}"])
+        if cluster:
+            print(f"ray: {cluster}", flush=True)
+        run_cluster(rehearsed, attach=[f"{host}:{server_port}"], one_host=True)
     print(f"rehearsal done: {steps} steps; monitor lifecycle in {run_dir / 'monitor.db'}")
     return 0

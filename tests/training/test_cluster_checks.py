@@ -22,6 +22,7 @@ CLUSTER_CONFIGS = [
     "qwen3_vl_android.yaml",
     "qwen3_vl_linux.yaml",
     "qwen3_vl_android_vllm.yaml",
+    "qwen3_vl_android_multinode.yaml",
 ]
 
 

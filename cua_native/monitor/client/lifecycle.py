@@ -81,8 +81,14 @@ found wins (checked against AReaL's ``PPOActor.ppo_update`` and ``FSDPEngine.tra
 _INT_COLUMNS = frozenset({"num_tokens", "num_trajectories"})
 
 
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM by ``handle_sigterm`` outside an event loop."""
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM by ``handle_sigterm`` outside an event loop.
+
+    A ``KeyboardInterrupt``: Ray's blocking calls (``ray.get``/``ray.wait``, where a trainer on
+    AReaL's Ray scheduler spends its time) check signals and end with a ``KeyboardInterrupt``
+    when the handler raised one; any other exception raised by the handler is swallowed there
+    and the call goes on waiting. Ray raises a new ``KeyboardInterrupt``, which
+    ``handle_sigterm`` turns back into ``Terminated`` on its way out."""
 
 
 def new_run_name(base: str, *, now: datetime | None = None) -> str:
@@ -147,10 +153,10 @@ def _exit_status(exc: BaseException | None) -> tuple[str, str | None]:
     if isinstance(exc, asyncio.CancelledError):
         reason = " ".join(str(a) for a in exc.args) or "cancelled"
         return "cancelled", reason
-    if isinstance(exc, KeyboardInterrupt):
-        return "cancelled", "interrupted (SIGINT)"
     if isinstance(exc, Terminated):
         return "cancelled", "terminated (SIGTERM)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "cancelled", "interrupted (SIGINT)"
     if isinstance(exc, SystemExit) and exc.code in (0, None):
         return "completed", None
     return "failed", f"{type(exc).__name__}: {exc}"
@@ -235,7 +241,10 @@ def handle_sigterm() -> Iterator[None]:
             loop.remove_signal_handler(signal.SIGTERM)
         return
 
-    def raise_terminated(_signum: int, _frame: Any) -> None:
+    received: list[int] = []
+
+    def raise_terminated(signum: int, _frame: Any) -> None:
+        received.append(signum)
         raise Terminated("SIGTERM")
 
     try:
@@ -245,6 +254,11 @@ def handle_sigterm() -> Iterator[None]:
         return
     try:
         yield
+    except KeyboardInterrupt as error:
+        # a Ray call that the signal interrupted raises a plain KeyboardInterrupt instead
+        if received and not isinstance(error, Terminated):
+            raise Terminated("SIGTERM") from error
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 

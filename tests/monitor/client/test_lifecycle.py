@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from cua_native.monitor.client.lifecycle import (
     LEDGER,
+    Terminated,
     TrainingMonitor,
     areal_step_columns,
     handle_sigterm,
@@ -120,6 +121,7 @@ async def test_step_rows_carry_areal_stats_and_the_run_name(
     [
         (RuntimeError("boom"), "failed", "RuntimeError: boom"),
         (KeyboardInterrupt(), "cancelled", "SIGINT"),
+        (Terminated("SIGTERM"), "cancelled", "SIGTERM"),  # a KeyboardInterrupt, told apart
         (asyncio.CancelledError(), "cancelled", "cancelled"),
     ],
 )
@@ -215,6 +217,25 @@ def test_sigterm_outside_a_loop_raises_terminated() -> None:
         for _ in range(100_000_000):  # the handler raises at the next bytecode boundary
             pass
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_sigterm_that_a_ray_wait_turned_into_keyboardinterrupt_comes_out_as_terminated() -> None:
+    """Ray's blocking calls end with a new, plain ``KeyboardInterrupt`` when the signal handler
+    raised one (and swallow any other exception): ``handle_sigterm`` gives it its name back. A
+    Ctrl-C stays a ``KeyboardInterrupt``."""
+
+    def ray_get() -> None:  # what ray.get does with the handler's exception
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None
+
+    with pytest.raises(Terminated) as info, handle_sigterm():
+        ray_get()
+    assert type(info.value.__cause__) is KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt) as plain, handle_sigterm():
+        raise KeyboardInterrupt
+    assert not isinstance(plain.value, Terminated)
 
 
 async def test_a_killed_run_is_failed_by_the_next_and_never_mixed(
