@@ -97,6 +97,25 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
+def check_destinations(loaded: LoadedConfig) -> None:
+    """Where the config records to, before any model is prepared: the monitor's URL and the
+    store's database (a server database must answer). ``ConfigError``, one line."""
+    from cua_native.config import ConfigError
+
+    cua = loaded.cua
+    if cua.monitor_url:
+        from cua_native.monitor.client.sinks import check_monitor_url
+
+        try:
+            check_monitor_url(cua.monitor_url)
+        except ValueError as error:
+            raise ConfigError(f"config error: cua.monitor_url: {error}") from None
+    try:
+        cli_checks.check_monitor_db(cua.monitor_db, "cua.monitor_db")
+    except cli_checks.BadInput as error:
+        raise ConfigError(f"config error: {error}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -111,13 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         loaded = build_config(args)
-        if loaded.cua.monitor_url:
-            from cua_native.monitor.client.sinks import check_monitor_url
-
-            try:
-                check_monitor_url(loaded.cua.monitor_url)
-            except ValueError as error:
-                raise ConfigError(f"config error: cua.monitor_url: {error}") from None
+        check_destinations(loaded)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ import importlib
 import json
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -45,7 +46,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cua_native.actions.models import action_from_json
-from cua_native.gym.faults import FaultInjector, FaultProfile, Route
+from cua_native.gym.faults import FaultInjector, FaultProfile, FaultProfileError, Route
 from cua_native.gym.protocol import Execution, ExecutionGone, Gym, GymError, Task
 from cua_native.gym.server_guards import (
     DEFAULT_IDLE_TTL_S,
@@ -633,8 +634,14 @@ def main(argv: list[str] | None = None) -> None:
             size = parse_size(args.screenshot_size)
         except ValueError as error:
             parser.error(f"--screenshot-size: {error}")
+    faults = None
+    if args.fault_profile:  # before the gym loads: a typo costs a second
+        try:
+            faults = FaultProfile.load(args.fault_profile)
+        except FaultProfileError as error:
+            print(f"error: --fault-profile: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
     gym = load_gym(args.gym, args.seed, size)
-    faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
     app = create_app({args.gym_id or gym.gym_id: gym}, faults, limits)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -111,3 +111,45 @@ def test_yaml_errors_name_the_file_and_the_nearest_key(tmp_path: Path) -> None:
     typo.write_text("cua:\n  agent:\n    max_turnz: 3\n")
     with pytest.raises(ConfigError, match=r"Did you mean 'max_turns'.*typo\.yaml"):
         load_config(typo)
+
+
+PG_DOWN = "postgresql+psycopg://u:pa55word@127.0.0.1:1/x"
+"""Nothing listens on loopback port 1: the connection is refused at once."""
+
+
+@pytest.mark.parametrize(
+    ("config_text", "override", "message"),
+    [
+        ("- a\n- b\n", None, "the top level must be a mapping of fields (key: value), got a list"),
+        ("", None, "is empty; a config sets its fields"),
+        ("# only a comment\n", None, "is empty"),
+        (None, "cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind 'notaurl'"),
+        (None, f"cua.monitor_db={PG_DOWN}", "cua.monitor_db: cannot connect to the database"),
+        (None, "cua.monitor_db=sqlite:///no/such/dir/m.db", "does not exist"),
+    ],
+    ids=["yaml-list", "empty-yaml", "comment-only-yaml", "unknown-db", "db-down", "db-no-dir"],
+)
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_bad_config_is_one_line_before_anything_is_prepared(
+    command: str,
+    config_text: str | None,
+    override: str | None,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The config is loaded (AReaL imported) but nothing is prepared: no run directory, no
+    model, exit 2 with one line that shows no password."""
+    argv = ["--run-dir", str(tmp_path / "run"), "--no-progress"]
+    if config_text is not None:
+        (tmp_path / "bad.yaml").write_text(config_text)
+        argv += ["--config", str(tmp_path / "bad.yaml")]
+    if override is not None:
+        argv.append(override)
+    main = {"train": train.main, "evaluate": evaluate.main}[command]
+    code = main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "pa55word" not in lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / ".cache").exists()
