@@ -97,11 +97,17 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
-def check_destinations(loaded: LoadedConfig) -> None:
-    """Where the config records to, before any model is prepared: the monitor's URL and the
-    store's database (a server database must answer). ``ConfigError``, one line."""
+def check_trainable(loaded: LoadedConfig) -> None:
+    """What training needs beyond a valid config, before any model is prepared: an optimizer
+    (AReaL leaves ``actor.optimizer`` unset), the monitor's URL and the store's database (a
+    server database must answer). ``ConfigError``, one line."""
     from cua_native.config import ConfigError
 
+    if loaded.areal.actor.optimizer is None:
+        raise ConfigError(
+            "config error: actor.optimizer is not set; training needs one (e.g. "
+            "actor.optimizer.lr=5e-4; configs/default.yaml sets it)"
+        )
     cua = loaded.cua
     if cua.monitor_url:
         from cua_native.monitor.client.sinks import check_monitor_url
@@ -130,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         loaded = build_config(args)
-        check_destinations(loaded)
+        check_trainable(loaded)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2

@@ -117,21 +117,33 @@ PG_DOWN = "postgresql+psycopg://u:pa55word@127.0.0.1:1/x"
 """Nothing listens on loopback port 1: the connection is refused at once."""
 
 
-@pytest.mark.parametrize(
-    ("config_text", "override", "message"),
-    [
-        ("- a\n- b\n", None, "the top level must be a mapping of fields (key: value), got a list"),
-        ("", None, "is empty; a config sets its fields"),
-        ("# only a comment\n", None, "is empty"),
-        (None, "cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind 'notaurl'"),
-        (None, f"cua.monitor_db={PG_DOWN}", "cua.monitor_db: cannot connect to the database"),
-        (None, "cua.monitor_db=sqlite:///no/such/dir/m.db", "does not exist"),
-    ],
-    ids=["yaml-list", "empty-yaml", "comment-only-yaml", "unknown-db", "db-down", "db-no-dir"],
+BAD_CONFIGS = [
+    ("yaml-list", "- a\n- b\n", None, "the top level must be a mapping of fields (key: value)"),
+    ("empty", "", None, "is empty; a config sets its fields"),
+    ("comment-only", "# only a comment\n", None, "is empty"),
+    ("unknown-db", None, "cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind"),
+    (
+        "db-down",
+        None,
+        f"cua.monitor_db={PG_DOWN}",
+        "cua.monitor_db: cannot connect to the database",
+    ),
+    ("db-no-dir", None, "cua.monitor_db=sqlite:///no/such/dir/m.db", "does not exist"),
+]
+CASES = [(command, *case) for command in ("train", "evaluate") for case in BAD_CONFIGS]
+CASES.append(
+    ("train", "no-optimizer", "cua:\n  mode: embedded\n", None, "actor.optimizer is not set")
 )
-@pytest.mark.parametrize("command", ["train", "evaluate"])
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "config_text", "override", "message"),
+    CASES,
+    ids=[f"{case[0]}-{case[1]}" for case in CASES],
+)
 def test_bad_config_is_one_line_before_anything_is_prepared(
     command: str,
+    name: str,
     config_text: str | None,
     override: str | None,
     message: str,
