@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -191,8 +192,12 @@ def test_a_torn_last_spill_line_is_cut_and_kept_aside(tmp_path: Path) -> None:
 
 
 async def test_disk_full_keeps_rows_in_memory_and_never_raises(
-    store: MonitorStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: MonitorStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="cua_native.monitor")
     sink = SwitchSink(store)
     recorder = Recorder([sink], run_dir=tmp_path / "run", **FAST)
 
@@ -204,6 +209,10 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
         sink.down = True
         record_episode(recorder, "t")
         await wait_for(lambda: recorder.stats()["monitor/sql/unspilled"] > 0)
+        # the warning says where the rows are: in memory, not "spilled" by a write that failed
+        warnings = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+        assert warnings and all("kept in memory" in w for w in warnings), warnings
+        assert not any("spilled" in w for w in warnings), warnings
         sink.down = False  # the sink comes back before the end: nothing is lost
         await wait_for(lambda: count(store, schema.Turn) == 2)
     assert recorder.undelivered() == []
