@@ -35,7 +35,9 @@ cancel the current task, and reports what is still undelivered.
 
 A run directory keeps a ledger of the runs started in it (``monitor_runs.jsonl``). A run that
 never reached its end (``kill -9``, power loss) is marked ``failed`` by the next run that starts
-in the same directory; every run gets a fresh run name, so reruns never mix.
+in the same directory; a run that ended but whose last records were lost (a disk full to the
+end) gets its end sent again by the next run (``RunLedger``); every run gets a fresh run name,
+so reruns never mix.
 """
 
 from __future__ import annotations
