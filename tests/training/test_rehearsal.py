@@ -93,7 +93,8 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     assert all(s[0] == 2 and s[1] == "failed" for s in steps if s not in done), steps
     never = _rows(db, "select error_message from step where status = 'failed'")
     assert all("never trained" in m for (m,) in never), never
-    assert {r for (r,) in _rows(db, "select status from rollout")} <= {"completed", "cancelled"}
+    ended = {"completed", "failed", "cancelled"}
+    assert {r for (r,) in _rows(db, "select status from rollout")} <= ended
     ahead = _rows(
         db, "select r.status from rollout r join step s on r.step_id = s.id where s.step = 2"
     )
