@@ -204,6 +204,12 @@ def _rehearse(args: argparse.Namespace) -> int:
                 "config error: cua.mode: --rehearse rehearses cluster configs "
                 f"(cua.mode: areal), got {loaded.cua.mode!r}"
             )
+        if any(o.split("=", 1)[0] == "cua.monitor_db" for o in args.overrides):
+            # the rehearsal records to RUN_DIR/monitor.db unless the command line says otherwise
+            try:
+                cli_checks.check_monitor_db(loaded.cua.monitor_db, "cua.monitor_db")
+            except cli_checks.BadInput as error:
+                raise ConfigError(f"config error: {error}") from None
         return rehearse(
             args.config,
             list(args.overrides),

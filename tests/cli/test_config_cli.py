@@ -3,6 +3,7 @@ anywhere; gym options that do not fit the gym's kind are refused at load."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,33 @@ def test_bad_config_is_one_line_before_anything_is_prepared(
     assert len(lines) == 1 and message in lines[0], lines
     assert "pa55word" not in lines[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / ".cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind 'notaurl'"),
+        (f"cua.monitor_db={PG_DOWN}", "cua.monitor_db: cannot connect to the database"),
+    ],
+)
+def test_a_rehearsal_checks_the_database_it_is_told_to_use(
+    override: str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in (
+        "TORCHDYNAMO_DISABLE",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+    ):
+        monkeypatch.setenv(var, os.environ.get(var, "1"))  # what --rehearse sets, undone after
+    config = str(ROOT / "configs" / "qwen3_vl_android.yaml")
+    code = train.main(
+        ["--config", config, "--rehearse", "--run-dir", str(tmp_path / "r"), override]
+    )
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "r").exists()
