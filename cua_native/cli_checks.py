@@ -3,7 +3,8 @@
 Each check raises ``BadInput`` (a ``ValueError``) whose message is the one line a command prints
 before exiting non-zero: URLs, paths, devices and the database are checked before a model is
 loaded, so a typo costs a second, not a minute of loading and a traceback. Only light modules
-are imported here (SQLAlchemy's URL parser and httpx, lazily).
+are imported here, lazily: SQLAlchemy and the database's driver (a server database is connected
+to once, to see that it answers) and httpx.
 """
 
 from __future__ import annotations
@@ -80,6 +81,46 @@ def check_db_url(value: str, option: str = "--db") -> None:
             raise BadInput(f"{option}: directory {str(parent)!r} of the SQLite file does not exist")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise BadInput(f"{option}: cannot write in {str(parent)!r}")
+
+
+def check_db_reachable(value: str, option: str = "--db", timeout_s: float = 10.0) -> None:
+    """A server database (PostgreSQL) at ``value`` accepts a connection within ``timeout_s``.
+
+    SQLite needs no server (``check_db_url`` checks its directory; nothing is created here).
+    Call after ``check_db_url``. The message shows the URL without its password."""
+    if value == "sqlite":
+        return
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = make_url(value)
+    if url.get_backend_name() == "sqlite":
+        return
+    shown = url.render_as_string(hide_password=True)
+    timeout = {"connect_timeout": max(1, round(timeout_s))}  # libpq's, in whole seconds
+    engine = create_engine(
+        url, connect_args=timeout if url.get_backend_name() == "postgresql" else {}
+    )
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()
+        raise BadInput(
+            f"{option}: cannot connect to the database {shown}: {reason[0] if reason else error}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def check_monitor_db(value: str | None, option: str = "cua.monitor_db") -> None:
+    """``cua.monitor_db`` as a config sets it: null (no store), ``sqlite`` (the run
+    directory's file), or a URL that ``check_db_url`` accepts and whose server answers."""
+    if value is None or value == "sqlite":
+        return
+    check_db_url(value, option)
+    check_db_reachable(value, option)
 
 
 def check_model_dir(value: str, option: str = "--model") -> None:

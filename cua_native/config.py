@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal.api.cli_args import GRPOConfig, vLLMConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -365,11 +365,22 @@ def _user_layers(path: Path, overrides: list[str] | None) -> list[_Layer]:
     if not path.is_file():
         raise ConfigError(f"config error: no config file at {path} (no such file)")
     try:
-        layers = [_Layer(str(path), OmegaConf.load(path))]
+        values = OmegaConf.load(path)
     except Exception as e:  # yaml errors carry line numbers; keep them
         raise ConfigError(
             f"config error: {path} is not valid YAML: {e}".replace("\n", " ")
         ) from None
+    if not isinstance(values, DictConfig):
+        raise ConfigError(
+            f"config error: {path}: the top level must be a mapping of fields (key: value), "
+            f"got a {'list' if isinstance(values, ListConfig) else type(values).__name__}"
+        )
+    if not values:
+        raise ConfigError(
+            f"config error: {path} is empty; a config sets its fields (see "
+            f"{default_config_path()}), or leave --config out for the embedded default"
+        )
+    layers = [_Layer(str(path), values)]
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"config error: override {item!r} is not of the form key=value")

@@ -375,8 +375,8 @@ def check_input(args: argparse.Namespace) -> None:
     try:
         if args.run_dir:
             cli_checks.check_run_dir(args.run_dir)
-        if args.db:
-            cli_checks.check_db_url(args.db)
+        if args.db and args.db != "null":
+            cli_checks.check_monitor_db(args.db, "--db")
         if args.model:
             cli_checks.check_model_dir(args.model)
         if args.gym_url:
@@ -398,6 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         loaded = build_config(args)
+        if not args.db:  # the config's database, before the model loads (--db is checked)
+            try:
+                cli_checks.check_monitor_db(loaded.cua.monitor_db)
+            except cli_checks.BadInput as error:
+                raise ConfigError(f"config error: {error}") from None
         tune_for_rollouts()
         summary = asyncio.run(with_cpu_pool(amain(args, loaded)))
     except ConfigError as error:

@@ -97,6 +97,31 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
+def check_trainable(loaded: LoadedConfig) -> None:
+    """What training needs beyond a valid config, before any model is prepared: an optimizer
+    (AReaL leaves ``actor.optimizer`` unset), the monitor's URL and the store's database (a
+    server database must answer). ``ConfigError``, one line."""
+    from cua_native.config import ConfigError
+
+    if loaded.areal.actor.optimizer is None:
+        raise ConfigError(
+            "config error: actor.optimizer is not set; training needs one (e.g. "
+            "actor.optimizer.lr=5e-4; configs/default.yaml sets it)"
+        )
+    cua = loaded.cua
+    if cua.monitor_url:
+        from cua_native.monitor.client.sinks import check_monitor_url
+
+        try:
+            check_monitor_url(cua.monitor_url)
+        except ValueError as error:
+            raise ConfigError(f"config error: cua.monitor_url: {error}") from None
+    try:
+        cli_checks.check_monitor_db(cua.monitor_db, "cua.monitor_db")
+    except cli_checks.BadInput as error:
+        raise ConfigError(f"config error: {error}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -111,13 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         loaded = build_config(args)
-        if loaded.cua.monitor_url:
-            from cua_native.monitor.client.sinks import check_monitor_url
-
-            try:
-                check_monitor_url(loaded.cua.monitor_url)
-            except ValueError as error:
-                raise ConfigError(f"config error: cua.monitor_url: {error}") from None
+        check_trainable(loaded)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -187,6 +206,12 @@ def _rehearse(args: argparse.Namespace) -> int:
                 "config error: cua.mode: --rehearse rehearses cluster configs "
                 f"(cua.mode: areal), got {loaded.cua.mode!r}"
             )
+        if any(o.split("=", 1)[0] == "cua.monitor_db" for o in args.overrides):
+            # the rehearsal records to RUN_DIR/monitor.db unless the command line says otherwise
+            try:
+                cli_checks.check_monitor_db(loaded.cua.monitor_db, "cua.monitor_db")
+            except cli_checks.BadInput as error:
+                raise ConfigError(f"config error: {error}") from None
         return rehearse(
             args.config,
             list(args.overrides),

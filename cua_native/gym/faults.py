@@ -11,10 +11,10 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Route = Literal[
     "list_tasks", "get_task", "create", "observation", "actions", "evaluate", "terminate"
@@ -30,8 +30,16 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
+class FaultProfileError(ValueError):
+    """A fault profile that cannot be read or is invalid; the message is one line."""
+
+
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+"""A share of requests, in [0, 1]."""
+
+
 class Latency(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     fixed_s: float = Field(0.0, ge=0.0)
     jitter_s: float = Field(0.0, ge=0.0)
@@ -41,7 +49,7 @@ class Latency(BaseModel):
 class CreateHang(BaseModel):
     """Sleep ``seconds`` before creating (then create anyway) on a share of creates."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seconds: float = Field(0.0, ge=0.0)
     share: float = Field(1.0, ge=0.0, le=1.0)
@@ -50,34 +58,78 @@ class CreateHang(BaseModel):
 
 
 class FaultProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     latency: Latency = Field(default_factory=Latency)
     latency_routes: list[Route] | None = None
     """Routes that get the latency (``None``: all)."""
-    error_share: dict[Route | Literal["*"], float] = Field(default_factory=dict)
+    error_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
     """Share of requests answered with ``error_status`` before the handler runs; ``*`` = default."""
     error_status: int = Field(503, ge=500, le=599)
-    drop_share: dict[Route | Literal["*"], float] = Field(default_factory=dict)
+    drop_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
     """Share of requests whose connection is closed without an answer before the handler runs."""
     create_hang: CreateHang = Field(default_factory=CreateHang)
 
     @classmethod
     def load(cls, source: str | Path) -> FaultProfile:
-        """From a JSON/YAML file path, or from inline JSON text."""
+        """From a JSON/YAML file path, or from inline JSON text; ``FaultProfileError`` (one
+        line naming what is wrong) for anything else."""
         text = str(source).strip()
         if text.startswith("{"):
-            return cls.model_validate(json.loads(text))
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"fault profile {str(path)!r} is neither JSON nor a file")
-        raw = path.read_text()
-        data = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
-        return cls.model_validate(data or {})
+            origin, raw, as_json = "inline JSON", text, True
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise FaultProfileError(
+                    f"{text!r} is neither inline JSON ({{...}}) nor a file (JSON or YAML)"
+                )
+            try:
+                raw = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise FaultProfileError(f"cannot read {str(path)!r}: {error}") from None
+            origin, as_json = str(path), path.suffix == ".json"
+        try:
+            data = json.loads(raw) if as_json else yaml.safe_load(raw)
+        except (ValueError, yaml.YAMLError) as error:
+            what = "JSON" if as_json else "YAML"
+            reason = " ".join(str(error).split())
+            raise FaultProfileError(f"{origin} is not valid {what}: {reason}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise FaultProfileError(
+                f"{origin}: expected a mapping of fields, got {type(data).__name__}"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise FaultProfileError(f"{origin}: {_problems(error)}") from None
 
     def share_of(self, table: dict[Route | Literal["*"], float], route: Route) -> float:
         return table.get(route, table.get("*", 0.0))
+
+
+def _problems(error: ValidationError) -> str:
+    """Each problem as ``field: what (got value)``; a key of a route table that names no route
+    is one problem, however many alternatives it failed."""
+    problems: list[str] = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"]]
+        if "[key]" in loc:
+            where = ".".join(loc[: loc.index("[key]") - 1])  # (table, key, "[key]", ...)
+            what = f"{where}: unknown route {_shown(item.get('input'))} (routes: "
+            what += f"{', '.join(ROUTES)}, or '*' for the rest)"
+        else:
+            what = f"{'.'.join(loc) or 'profile'}: {item['msg']} (got {_shown(item.get('input'))})"
+        if what not in problems:
+            problems.append(what)
+    return "; ".join(problems)
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,10 @@ Orphan-free creation (beyond genv's protocol, ignored by genv): a create may car
   latest deadline of its request (minus a margin for the answer to travel), nobody is waiting any
   more: the server closes the execution itself and answers 504, so a hung create leaves no orphan.
 Both keys are removed from the options before ``Gym.start`` sees them.
+
+Tasks are served with their number (``task_number`` and ``meta.number``), and a task named by
+a number that is no task id (``/tasks/7``) is the one task of that number
+(``gym/task_numbers.py``): an unknown or ambiguous name is a 404, never another task.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import importlib
 import json
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -45,7 +50,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cua_native.actions.models import action_from_json
-from cua_native.gym.faults import FaultInjector, FaultProfile, Route
+from cua_native.gym.faults import FaultInjector, FaultProfile, FaultProfileError, Route
 from cua_native.gym.protocol import Execution, ExecutionGone, Gym, GymError, Task
 from cua_native.gym.server_guards import (
     DEFAULT_IDLE_TTL_S,
@@ -55,11 +60,11 @@ from cua_native.gym.server_guards import (
     BodyLimit,
     ServerLimits,
 )
+from cua_native.gym.task_numbers import by_number, numbered_json
 from cua_native.gym.wire import (
     evaluation_to_json,
     observation_to_json,
     step_result_to_json,
-    task_to_json,
 )
 
 log = logging.getLogger(__name__)
@@ -325,10 +330,19 @@ def _action_error(exc: ValidationError) -> str:
 
 
 async def _find_task(gym: Gym, task_id: str) -> Task:
+    """The task of that id, else the one task numbered so (``"7"`` is ``sim-007``;
+    ``task_numbers.by_number``); 404 with one line otherwise, never another task."""
     try:
         return await gym.get_task(task_id)
     except (LookupError, ExecutionGone) as exc:
-        raise HTTPException(404, f"unknown task {task_id!r} in gym {gym.gym_id!r}") from exc
+        missing = exc
+    try:
+        numbered = by_number(await gym.list_tasks(), task_id)
+    except LookupError as exc:
+        raise HTTPException(404, f"{exc} in gym {gym.gym_id!r}; name the task id") from exc
+    if numbered is None:
+        raise HTTPException(404, f"unknown task {task_id!r} in gym {gym.gym_id!r}") from missing
+    return await gym.get_task(numbered.task_id)
 
 
 async def _device_of(execution: Execution) -> dict[str, Any]:
@@ -413,11 +427,11 @@ def create_app(
     @app.get("/api/v1/{gym_id}/tasks")
     async def list_tasks(gym_id: str) -> dict[str, Any]:
         tasks = await state.gym(gym_id).list_tasks()
-        return {"tasks": [task_to_json(t) for t in tasks]}
+        return {"tasks": [numbered_json(t) for t in tasks]}
 
     @app.get("/api/v1/{gym_id}/tasks/{task_id}")
     async def get_task(gym_id: str, task_id: str) -> dict[str, Any]:
-        return task_to_json(await _find_task(state.gym(gym_id), task_id))
+        return numbered_json(await _find_task(state.gym(gym_id), task_id))
 
     async def run_creation(
         gym_id: str,
@@ -633,8 +647,14 @@ def main(argv: list[str] | None = None) -> None:
             size = parse_size(args.screenshot_size)
         except ValueError as error:
             parser.error(f"--screenshot-size: {error}")
+    faults = None
+    if args.fault_profile:  # before the gym loads: a typo costs a second
+        try:
+            faults = FaultProfile.load(args.fault_profile)
+        except FaultProfileError as error:
+            print(f"error: --fault-profile: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
     gym = load_gym(args.gym, args.seed, size)
-    faults = FaultProfile.load(args.fault_profile) if args.fault_profile else None
     app = create_app({args.gym_id or gym.gym_id: gym}, faults, limits)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -44,7 +44,7 @@ import math
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SourceType = Literal["step", "eval", "baseline"]
 JsonValue = Any
@@ -61,10 +61,16 @@ Where = str | tuple[Any, Any]
 (the records of a batch have thousands of keys and no errors)."""
 
 
-def clean_value(value: Any, where: Where = "value") -> Any:
+MAX_DEPTH = 32
+"""How deeply a record may nest, the record itself being the first level (JSON objects and
+arrays). What the recorder and the existing client send nests a few levels; a deeper record is
+refused (HTTP 422) before anything walks it recursively."""
+
+
+def clean_value(value: Any, where: Where = "value", depth: int = 0) -> Any:
     """A JSON value made safe for both backends: NUL characters (PostgreSQL text cannot hold
-    them) become U+FFFD; NaN/infinite numbers and integers beyond 64 bits raise ``ValueError``
-    (a deterministic rejection, HTTP 422)."""
+    them) become U+FFFD; NaN/infinite numbers, integers beyond 64 bits and containers nested
+    deeper than ``MAX_DEPTH`` raise ``ValueError`` (a deterministic rejection, HTTP 422)."""
     if isinstance(value, str):
         return value.replace("\x00", "\ufffd") if "\x00" in value else value
     if isinstance(value, bool) or value is None:
@@ -77,14 +83,16 @@ def clean_value(value: Any, where: Where = "value") -> Any:
         if not -INT_LIMIT - 1 <= value <= INT_LIMIT:
             raise ValueError(f"{_path(where)}: integer {value} does not fit in 64 bits")
         return value
+    if isinstance(value, dict | list | tuple) and depth >= MAX_DEPTH:
+        raise ValueError(f"{_path(where)}: nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
-        return _clean_dict(value, where)
+        return _clean_dict(value, where, depth + 1)
     if isinstance(value, list | tuple):
-        return _clean_list(value, where)
+        return _clean_list(value, where, depth + 1)
     return value
 
 
-def _clean_dict(value: dict[Any, Any], where: Where) -> dict[Any, Any]:
+def _clean_dict(value: dict[Any, Any], where: Where, depth: int) -> dict[Any, Any]:
     """``clean_value`` of each key and value; plain scalars are checked inline (a record is
     mostly scalars, and a batch has thousands of records)."""
     out: dict[Any, Any] = {}
@@ -101,18 +109,19 @@ def _clean_dict(value: dict[Any, Any], where: Where) -> dict[Any, Any]:
         elif kind is int and -INT_LIMIT - 1 <= item <= INT_LIMIT:
             out[key] = item
         else:
-            out[key] = clean_value(item, (where, key))
+            out[key] = clean_value(item, (where, key), depth)
     return out
 
 
 def _path(where: Where) -> str:
-    if isinstance(where, str):
-        return where
-    parent, key = where
-    return f"{_path(parent)}.{key}"
+    parts = []
+    while not isinstance(where, str):  # a loop: a refused value may nest deeply
+        where, key = where
+        parts.append(str(key))
+    return ".".join([where, *reversed(parts)])
 
 
-def _clean_list(value: list[Any] | tuple[Any, ...], where: Where) -> list[Any]:
+def _clean_list(value: list[Any] | tuple[Any, ...], where: Where, depth: int) -> list[Any]:
     """``clean_value`` of each item, with C-speed checks for the common homogeneous lists
     (token texts, logprobs, ids): a NUL in the joined strings, a non-finite sum (any NaN or
     infinity makes it so), the extreme integers."""
@@ -125,7 +134,7 @@ def _clean_list(value: list[Any] | tuple[Any, ...], where: Where) -> list[Any]:
             return list(value)
     elif kinds == {int} and -INT_LIMIT - 1 <= min(value) and max(value) <= INT_LIMIT:
         return list(value)
-    return [clean_value(item, where) for item in value]
+    return [clean_value(item, where, depth) for item in value]
 
 
 class _Clean(BaseModel):
@@ -534,6 +543,16 @@ class IngestError(ValueError):
     """A batch the store cannot apply (unknown parent, missing required field, rule broken).
 
     Nothing of the batch was written."""
+
+
+def describe(error: ValidationError, most: int = 5) -> str:
+    """A batch's validation problems on one line: ``where: what; ...`` (the first ``most``)."""
+    problems = []
+    for item in error.errors()[:most]:
+        where = ".".join(str(part) for part in item["loc"]) or "batch"
+        problems.append(f"{where}: {' '.join(str(item['msg']).split())}")
+    more = error.error_count() - most
+    return "; ".join(problems) + (f"; and {more} more" if more > 0 else "")
 
 
 def parse_batch(batch: dict[str, Any]) -> IngestBatch:

@@ -18,10 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cua_native.gym.protocol import Gym, Task
+from cua_native.gym.task_numbers import task_number
 from cua_native.gym.wire import WireError, task_to_json, tasks_from_json
 
 _RANGE_PART = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
-_DIGITS = re.compile(r"\d+")
 
 
 class TaskSourceError(ValueError):
@@ -41,20 +41,6 @@ def parse_number_ranges(spec: str) -> list[tuple[int, int]]:
             raise TaskSourceError(f"number range {part.strip()!r} runs backwards")
         ranges.append((low, high))
     return ranges
-
-
-def task_number(task: Task) -> int | None:
-    """``task_number``, else ``meta.number``, else the last run of digits in the task id."""
-    extra = task.model_extra or {}
-    found = extra.get("meta")
-    meta: dict[str, Any] = found if isinstance(found, dict) else {}
-    for value in (extra.get("task_number"), meta.get("number")):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value)
-    digits = _DIGITS.findall(task.task_id)
-    return int(digits[-1]) if digits else None
 
 
 class TaskSource(BaseModel):

@@ -3,6 +3,7 @@ anywhere; gym options that do not fit the gym's kind are refused at load."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,87 @@ def test_yaml_errors_name_the_file_and_the_nearest_key(tmp_path: Path) -> None:
     typo.write_text("cua:\n  agent:\n    max_turnz: 3\n")
     with pytest.raises(ConfigError, match=r"Did you mean 'max_turns'.*typo\.yaml"):
         load_config(typo)
+
+
+PG_DOWN = "postgresql+psycopg://u:pa55word@127.0.0.1:1/x"
+"""Nothing listens on loopback port 1: the connection is refused at once."""
+
+
+BAD_CONFIGS = [
+    ("yaml-list", "- a\n- b\n", None, "the top level must be a mapping of fields (key: value)"),
+    ("empty", "", None, "is empty; a config sets its fields"),
+    ("comment-only", "# only a comment\n", None, "is empty"),
+    ("unknown-db", None, "cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind"),
+    (
+        "db-down",
+        None,
+        f"cua.monitor_db={PG_DOWN}",
+        "cua.monitor_db: cannot connect to the database",
+    ),
+    ("db-no-dir", None, "cua.monitor_db=sqlite:///no/such/dir/m.db", "does not exist"),
+]
+CASES = [(command, *case) for command in ("train", "evaluate") for case in BAD_CONFIGS]
+CASES.append(
+    ("train", "no-optimizer", "cua:\n  mode: embedded\n", None, "actor.optimizer is not set")
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "config_text", "override", "message"),
+    CASES,
+    ids=[f"{case[0]}-{case[1]}" for case in CASES],
+)
+def test_bad_config_is_one_line_before_anything_is_prepared(
+    command: str,
+    name: str,
+    config_text: str | None,
+    override: str | None,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The config is loaded (AReaL imported) but nothing is prepared: no run directory, no
+    model, exit 2 with one line that shows no password."""
+    argv = ["--run-dir", str(tmp_path / "run"), "--no-progress"]
+    if config_text is not None:
+        (tmp_path / "bad.yaml").write_text(config_text)
+        argv += ["--config", str(tmp_path / "bad.yaml")]
+    if override is not None:
+        argv.append(override)
+    main = {"train": train.main, "evaluate": evaluate.main}[command]
+    code = main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "pa55word" not in lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / ".cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cua.monitor_db=notaurl://x", "cua.monitor_db: unknown database kind 'notaurl'"),
+        (f"cua.monitor_db={PG_DOWN}", "cua.monitor_db: cannot connect to the database"),
+    ],
+)
+def test_a_rehearsal_checks_the_database_it_is_told_to_use(
+    override: str,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in (
+        "TORCHDYNAMO_DISABLE",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+    ):
+        monkeypatch.setenv(var, os.environ.get(var, "1"))  # what --rehearse sets, undone after
+    config = str(ROOT / "configs" / "qwen3_vl_android.yaml")
+    code = train.main(
+        ["--config", config, "--rehearse", "--run-dir", str(tmp_path / "r"), override]
+    )
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "r").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from cua_native.gym.faults import FaultInjector, FaultProfile
+from cua_native.gym.faults import FaultInjector, FaultProfile, FaultProfileError
 from cua_native.gym.protocol import Evaluation, Observation, Screenshot, StepResult, ValidatorResult
 from cua_native.gym.wire import (
     WireError,
@@ -116,7 +116,11 @@ def test_fault_profile_loading_and_determinism(tmp_path: Path) -> None:
     drops = sum(d.drop for d in seq_a) / 200
     assert 0.35 < errors < 0.65 and 0.15 < drops < 0.45
     assert not any(FaultInjector(profile).decide("observation").drop for _ in range(50))
-    with pytest.raises(ValueError):
+    with pytest.raises(
+        FaultProfileError, match=r'error_share: unknown route "nope" \(routes: list'
+    ):
         FaultProfile.load('{"error_share": {"nope": 1}}')
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FaultProfileError, match="neither inline JSON"):
         FaultProfile.load(tmp_path / "missing.yaml")
+    with pytest.raises(FaultProfileError, match=r"drop_share\.actions: .*less than or equal to 1"):
+        FaultProfile.load('{"drop_share": {"actions": 1.5}}')

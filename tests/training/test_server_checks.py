@@ -76,7 +76,9 @@ def test_a_vllm_without_logprobs_mode_is_refused_at_temperature(
 def test_sglang_must_tokenize_with_the_trained_model(name: str) -> None:
     check_cluster_config(load_config(CONFIGS / name))
     loaded = load_config(CONFIGS / name, ["sglang.model_path=/models/another"])
-    with pytest.raises(ConfigError, match=r"^config error: sglang\.model_path: must be actor\.path"):
+    with pytest.raises(
+        ConfigError, match=r"^config error: sglang\.model_path: must be actor\.path"
+    ):
         check_cluster_config(loaded)
 
 

@@ -35,7 +35,9 @@ cancel the current task, and reports what is still undelivered.
 
 A run directory keeps a ledger of the runs started in it (``monitor_runs.jsonl``). A run that
 never reached its end (``kill -9``, power loss) is marked ``failed`` by the next run that starts
-in the same directory; every run gets a fresh run name, so reruns never mix.
+in the same directory; a run that ended but whose last records were lost (a disk full to the
+end) gets its end sent again by the next run (``RunLedger``); every run gets a fresh run name,
+so reruns never mix.
 """
 
 from __future__ import annotations
@@ -162,11 +164,23 @@ def _exit_status(exc: BaseException | None) -> tuple[str, str | None]:
     return "failed", f"{type(exc).__name__}: {exc}"
 
 
+ENDED = ("completed", "failed", "cancelled")
+SLOT_BYTES = 512
+"""Room kept in the ledger, behind a run's start, for its end (``RunLedger.start``)."""
+
+
 class RunLedger:
-    """``<run_dir>/monitor_runs.jsonl``: one line per run start and end."""
+    """``<run_dir>/monitor_runs.jsonl``: one line per run start and end.
+
+    A run's start reserves a line behind it for its end (``SLOT_BYTES``, blank JSON padding),
+    which the end overwrites in place: a write into space the file already holds, so the end
+    is kept even when the disk has filled up meanwhile (as on ext4, XFS and tmpfs). An end
+    whose records did not all reach the monitor says so (``delivered: false``); the next run
+    in the directory sends that end again (``ends_to_resend``)."""
 
     def __init__(self, run_dir: Path | str) -> None:
         self.path = Path(run_dir) / LEDGER
+        self._slots: dict[str, int] = {}
 
     def _entries(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -175,29 +189,93 @@ class RunLedger:
         for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 entry = json.loads(line)
-                if isinstance(entry, dict) and isinstance(entry.get("run_name"), str):
+                if (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("run_name"), str)
+                    and entry.get("state") != "reserved"
+                ):
                     entries.append(entry)
         return entries
 
-    def unfinished(self) -> list[str]:
-        """Runs started here that never wrote an end and whose process is gone."""
+    def _latest(self) -> dict[str, dict[str, Any]]:
         state: dict[str, dict[str, Any]] = {}
         for entry in self._entries():
             state[entry["run_name"]] = entry
+        return state
+
+    def unfinished(self) -> list[str]:
+        """Runs started here that never wrote an end and whose process is gone."""
         return [
             name
-            for name, entry in state.items()
+            for name, entry in self._latest().items()
             if entry.get("state") == "running" and not _alive(entry.get("pid"))
         ]
 
-    def write(self, run_name: str, state: str) -> None:
+    def ends_to_resend(self) -> list[dict[str, Any]]:
+        """The last entries of runs that ended with records undelivered (``delivered: false``)."""
+        return [
+            entry
+            for entry in self._latest().values()
+            if entry.get("state") in ENDED and entry.get("delivered") is False
+        ]
+
+    def write(self, run_name: str, state: str, **fields: Any) -> None:
+        """Append one entry; a full disk is logged, never raised."""
+        self._append(self._line(run_name, state, **fields))
+
+    def start(self, run_name: str) -> None:
+        """Append the ``running`` entry and the reserved line for the run's end."""
+        reserved = json.dumps({"run_name": run_name, "state": "reserved"}).ljust(SLOT_BYTES - 1)
+        end = self._append(self._line(run_name, "running") + reserved + "\n")
+        if end is not None:
+            self._slots[run_name] = end - SLOT_BYTES
+
+    def end(self, run_name: str, state: str, **fields: Any) -> None:
+        """Write the run's end into its reserved line (appended when there is none, or when it
+        does not fit or was moved)."""
+        line = self._line(run_name, state, **fields)
+        offset = self._slots.get(run_name)
+        if offset is not None and len(line.encode()) <= SLOT_BYTES:
+            padded = line[:-1].ljust(SLOT_BYTES - 1) + "\n"
+            try:
+                with self.path.open("r+b") as handle:
+                    handle.seek(offset)
+                    held = handle.read(SLOT_BYTES)
+                    if _slot_of(held, run_name):
+                        handle.seek(offset)
+                        handle.write(padded.encode())
+                        return
+            except OSError as exc:
+                log.warning("monitor: could not write %s: %s", self.path, exc)
+        self._append(line)
+
+    def _line(self, run_name: str, state: str, **fields: Any) -> str:
         entry = {"run_name": run_name, "state": state, "pid": os.getpid(), "time": _now()}
+        return json.dumps(entry | fields) + "\n"
+
+    def _append(self, text: str) -> int | None:
+        """Append ``text``; the file's size after it (``None`` when the disk refused)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(entry) + "\n")
+            with self.path.open("ab") as handle:
+                handle.write(text.encode())
+                handle.flush()
+                return handle.tell()
         except OSError as exc:  # a full disk must not stop training
             log.warning("monitor: could not write %s: %s", self.path, exc)
+            return None
+
+
+def _slot_of(held: bytes, run_name: str) -> bool:
+    """Whether ``held`` is the line ``RunLedger.start`` reserved (or an end written into it)
+    for ``run_name``."""
+    if len(held) != SLOT_BYTES or not held.endswith(b"\n"):
+        return False
+    try:
+        entry = json.loads(held)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("run_name") == run_name
 
 
 def _alive(pid: Any) -> bool:
@@ -300,14 +378,21 @@ class TrainingMonitor:
     # --- start and end ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Mark runs that died in this run directory failed, then record this one running."""
+        """Mark runs that died in this run directory failed, send again the ends of runs whose
+        last records were lost, then record this one running."""
         for stale in self.ledger.unfinished():
             if stale != self.run_name:
                 self.recorder.training_abandoned(
                     stale, "the process ended without closing the run (killed?)"
                 )
                 self.ledger.write(stale, "failed")
-        self.ledger.write(self.run_name, "running")
+        for ended in self.ledger.ends_to_resend():
+            if ended["run_name"] != self.run_name:
+                self.recorder.training_end_resent(
+                    ended["run_name"], ended["state"], ended_at=str(ended.get("time") or "")
+                )
+                self.ledger.write(ended["run_name"], ended["state"], delivered=None)
+        self.ledger.start(self.run_name)
         self.recorder.training_started(**self._start)
 
     def finish(self, status: str = "completed", error: str | None = None) -> None:
@@ -318,7 +403,7 @@ class TrainingMonitor:
             self.recorder.training_failed(error or "failed")
         else:
             self.recorder.training_finished(status, message=error)
-        self.ledger.write(self.run_name, status)
+        self.ledger.end(self.run_name, status)
 
     def __enter__(self) -> TrainingMonitor:
         self.start()
@@ -348,10 +433,14 @@ class TrainingMonitor:
             self.report_undelivered()
 
     def report_undelivered(self, stream: Any = None) -> list[str]:
-        """Print (to stderr) what the recorder could not deliver and how to deliver it."""
+        """Print (to stderr) what the recorder could not deliver and how to deliver it. With
+        anything undelivered, the ledger's end says so: the next run in the directory sends
+        the end again (a full disk may have kept it from the spill)."""
         lines = self.recorder.undelivered()
         for line in lines:
             print(line, file=stream or sys.stderr)
+        if lines and self.status is not None:
+            self.ledger.end(self.run_name, self.status, delivered=False)
         return lines
 
     # --- what happens in between ------------------------------------------------------------

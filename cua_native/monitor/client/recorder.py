@@ -414,6 +414,20 @@ class Recorder:
         self._put([Row(TRAINING, run_name, fields)])
 
     @_never_raises
+    def training_end_resent(self, run_name: str, status: str, *, ended_at: str) -> None:
+        """The end of an earlier run of this run directory whose last records were lost (a
+        full disk, a monitor down to the end), as its ledger kept it."""
+        fields: dict[str, Any] = {
+            "run_name": run_name,
+            "status": status,
+            "status_message": "its end was recorded late: the run's last records were lost",
+            "end_time": ended_at or utc_now(),
+        }
+        if status == "failed":
+            fields["error_message"] = "failed; its error was lost with the run's last records"
+        self._put([Row(TRAINING, run_name, fields)])
+
+    @_never_raises
     def training_failed(self, error: BaseException | str) -> None:
         message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         now = utc_now()

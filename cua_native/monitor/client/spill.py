@@ -356,15 +356,17 @@ class SinkChannel:
                 else:
                     low, high = self.backoff
                     self._delay = min(high, max(low, self._delay * 2))
-                    log.warning(
-                        "monitor sink %s unavailable (%s); %d rows spilled, retry in %.1fs",
-                        self.sink.name,
-                        exc,
-                        len(exc.rows) + len(self.inbox),
-                        self._delay,
-                    )
+                held = len(exc.rows) + len(self.inbox)
                 await self._spill_rows(exc.rows)
                 await self._spill_inbox()
+                if self.halted is None:
+                    log.warning(
+                        "monitor sink %s unavailable (%s); %s, retry in %.1fs",
+                        self.sink.name,
+                        exc,
+                        self._where_kept(held),
+                        self._delay,
+                    )
             except Exception:  # a bug here must not stop recording for good
                 log.exception("monitor sink %s: delivery failed", self.sink.name)
                 self._delay = self.backoff[1]
@@ -421,6 +423,15 @@ class SinkChannel:
             await asyncio.to_thread(self._reopen_spill)
             return
         self.counts["delayed"] += len(rows)
+
+    def _where_kept(self, rows: int) -> str:
+        """Where ``rows`` undelivered rows went, as the spill's last write left them."""
+        if not self.unspilled:
+            return f"{rows} rows spilled to disk"
+        return (
+            f"{len(self.unspilled)} rows kept in memory: the spill could not be written "
+            "(lost if the run ends before the sink or the disk comes back)"
+        )
 
     def _reopen_spill(self) -> None:
         try:

@@ -4,17 +4,18 @@ A step's figures come from its running tallies (``tally.py``): the batch's rollo
 before and after, so the cost is the batch's, not the step's. Rollouts' turn counts are one
 query (and at most one UPDATE) for all the rollouts a batch touched; an eval's or baseline's
 figures one aggregate over its rollouts on the ``(source_type, <source>_id)`` index (their size is
-the evaluation set's). Closing a failed or cancelled training's children is a handful of
-``UPDATE … WHERE`` statements, whose rollouts' shares go through the same tallies.
+the evaluation set's). Closing an ended training's children is a handful of ``UPDATE … WHERE``
+statements, whose rollouts' shares go through the same tallies.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select, update
+from sqlalchemy import Connection, case, func, select, union, update
 
 from cua_native.monitor.db.bulk import rows_where_in, update_rows, where_in
 from cua_native.monitor.db.schema import (
@@ -35,7 +36,7 @@ from cua_native.monitor.db.tally import (
     share_of,
 )
 
-__all__ = ["TERMINAL_ROLLOUT", "Progress", "close_children"]
+__all__ = ["ENDED_TRAINING", "TERMINAL_ROLLOUT", "Progress", "close_children", "ended_trainings_of"]
 
 
 class Progress:
@@ -259,14 +260,56 @@ class Progress:
             self.connection.execute(update(table).where(table.c.id == row["id"]).values(changed))
 
 
+ENDED_TRAINING = ("completed", "failed", "cancelled")
+OPEN_ENVIRONMENT = Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None)
+
+
+UNTRAINED_STEP = ("pending", "rollout_collecting", "rollout_running")
+"""Step statuses before the update: a step still in one when its training ends never trained."""
+
+
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """How the open children of a training that ended are closed."""
+
+    steps: Any
+    """Which open steps close (a condition on ``Step.status``)."""
+    step_status: str
+    step_message: str
+    status: str
+    """The status of its open rollouts, evals and baselines."""
+    message: str
+
+
+def closing(status: str) -> Closing:
+    """Steps have no ``cancelled`` in their status machine: one that never trained is
+    ``failed``, its message says why. When the training completed, only steps that never
+    reached their update close (one in ``training`` may have trained: its own end tells), and
+    its open rollouts, evals and baselines are ``cancelled`` (rollouts generated for a step
+    that never trained, as AReaL generates ahead, were never trained on)."""
+    if status == "completed":
+        return Closing(
+            Step.status.in_(UNTRAINED_STEP) | Step.status.is_(None),
+            "failed",
+            "never trained: the training completed before this step's update",
+            "cancelled",
+            "still open when the training completed",
+        )
+    message = f"training {status}"
+    steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
+    return Closing(steps, "failed", message, status, message)
+
+
 def close_children(
     connection: Connection, training_id: int, status: str, now: datetime
 ) -> dict[int, Share | None]:
-    """A training that failed or was cancelled leaves nothing open: its unfinished steps fail,
-    its unfinished evals/baselines and their rollouts take its status, environments end.
-    Answers the shares (before) of the rollouts it closed, read under their row locks, for
-    ``Progress.refresh``."""
-    message = f"training {status}"
+    """A training that ended (``ENDED_TRAINING``) leaves nothing open: its unfinished steps
+    fail, its unfinished evals, baselines and rollouts take the status ``closing`` gives,
+    every environment of its rollouts still open ends (``terminated``). Called when the end
+    arrives and again whenever a later batch writes an open row of that training (a rollout
+    worker's rows may arrive after the trainer's end). Answers the shares (before) of the
+    rollouts it closed, read under their row locks, for ``Progress.refresh``."""
+    how = closing(status)
     sources = (
         Rollout.step_id.in_(select(Step.id).where(Step.training_id == training_id))
         | Rollout.eval_id.in_(select(Eval.id).where(Eval.training_id == training_id))
@@ -279,11 +322,12 @@ def close_children(
         .order_by(Rollout.id)
         .with_for_update(key_share=True)
     ).all()
-    open_steps = Step.status.not_in(("completed", "failed")) | Step.status.is_(None)
     connection.execute(
         update(Step)
-        .where(Step.training_id == training_id, open_steps)
-        .values(status="failed", error_message=message, end_time=now, updated_at=now)
+        .where(Step.training_id == training_id, how.steps)
+        .values(
+            status=how.step_status, error_message=how.step_message, end_time=now, updated_at=now
+        )
     )
     for model in (Eval, Baseline):
         connection.execute(
@@ -292,25 +336,41 @@ def close_children(
                 model.training_id == training_id,
                 model.status.not_in(TERMINAL_ROLLOUT) | model.status.is_(None),
             )
-            .values(status=status, error_message=message, end_time=now, updated_at=now)
+            .values(status=how.status, error_message=how.message, end_time=now, updated_at=now)
         )
+    connection.execute(
+        update(Environment)
+        .where(Environment.rollout_id.in_(select(Rollout.id).where(sources)), OPEN_ENVIRONMENT)
+        .values(status="terminated", status_message=how.message, termination_time=now)
+    )
     ids = [row.id for row in open_rollouts]
-    for condition in where_in(connection, Environment.rollout_id, ids):
-        connection.execute(
-            update(Environment)
-            .where(
-                condition,
-                Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None),
-            )
-            .values(status="terminated", status_message=message, termination_time=now)
-        )
     for condition in where_in(connection, Rollout.id, ids):
         connection.execute(
             update(Rollout)
             .where(condition)
-            .values(status=status, error_message=message, end_time=now, updated_at=now)
+            .values(status=how.status, error_message=how.message, end_time=now, updated_at=now)
         )
     return {row.id: share_of(row._mapping) for row in open_rollouts}
+
+
+def ended_trainings_of(connection: Connection, rollout_ids: list[int]) -> dict[int, str]:
+    """The ended trainings of these rollouts (id → status): a batch that wrote an open row of
+    one closes it again (``close_children``). One statement over the batch's rollouts, by
+    primary keys."""
+    parents = ((Step, Rollout.step_id), (Eval, Rollout.eval_id), (Baseline, Rollout.baseline_id))
+    found: dict[int, str] = {}
+    for condition in where_in(connection, Rollout.id, rollout_ids):
+        query = union(
+            *(
+                select(Training.id, Training.status)
+                .join(parent, parent.training_id == Training.id)
+                .join(Rollout, column == parent.id)
+                .where(condition, Training.status.in_(ENDED_TRAINING))
+                for parent, column in parents
+            )
+        )
+        found.update({row.id: row.status for row in connection.execute(query)})
+    return found
 
 
 def of_source(source: str, parent_id: int) -> Any:

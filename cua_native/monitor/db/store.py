@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cua_native.monitor.db.migrations.runner import upgrade_to_head
 from cua_native.monitor.db.progress import TERMINAL_ROLLOUT
 from cua_native.monitor.db.writer import BatchWriter
-from cua_native.monitor.ingest import IngestBatch, IngestError, parse_batch
+from cua_native.monitor.ingest import IngestBatch, IngestError, describe, parse_batch
 from cua_native.monitor.screenshots import ScreenshotError, ScreenshotStore
 
 SQLITE_FILE = "monitor.db"
@@ -105,7 +105,7 @@ class MonitorStore:
         try:
             parsed = batch if isinstance(batch, IngestBatch) else parse_batch(batch)
         except ValidationError as exc:
-            raise IngestError(f"invalid batch: {exc}") from exc
+            raise IngestError(f"invalid batch: {describe(exc)}") from exc
         with self._write_lock:
             for attempt in range(1, INGEST_ATTEMPTS + 1):
                 try:

@@ -22,7 +22,14 @@ from pydantic import BaseModel
 from sqlalchemy import Connection, and_, insert, select
 
 from cua_native.monitor.db.bulk import chunks, insert_rows, rows_where_in, update_rows
-from cua_native.monitor.db.progress import Progress, close_children, json_dict
+from cua_native.monitor.db.progress import (
+    ENDED_TRAINING,
+    TERMINAL_ROLLOUT,
+    Progress,
+    close_children,
+    ended_trainings_of,
+    json_dict,
+)
 from cua_native.monitor.db.schema import (
     Action,
     Base,
@@ -43,7 +50,6 @@ from cua_native.monitor.db.tally import Share, share_of
 from cua_native.monitor.ingest import ARRAY_KINDS, IngestBatch, IngestError, TrainingIn
 from cua_native.monitor.screenshots import ScreenshotStore, is_data_uri
 
-ENDED_TRAINING = ("failed", "cancelled")
 JSON_FIELDS = frozenset(
     {
         "config_json",
@@ -239,6 +245,7 @@ class BatchWriter:
             for (position, record), row in zip(records, written, strict=True):
                 slots[position] = _mapping(record.client_id, _known_id(row))
         self._write_history()
+        self._late_rows()
         for training_id, status in self.ended_trainings.items():
             closed = close_children(self.connection, training_id, status, self.now)
             for rollout_id, share in closed.items():
@@ -253,6 +260,25 @@ class BatchWriter:
             self.rollout_before,
         )
         return answer
+
+    def _late_rows(self) -> None:
+        """An open rollout or environment written after its training ended (a rollout
+        worker's rows arrive on their own) closes that training's children again."""
+        written = {model: self.touched.get(model, set()) for model in (Rollout, Environment)}
+        rollouts: set[int] = set()
+        for (model, _), row in self.rows.items():
+            if row is None or model not in written or row.id not in written[model]:
+                continue
+            status = row.state.get("status")
+            if model is Rollout and status not in TERMINAL_ROLLOUT:
+                rollouts.add(row.id)
+            elif model is Environment and status not in ("terminated", "error"):
+                if row.state.get("rollout_id") is not None:
+                    rollouts.add(row.state["rollout_id"])
+        if rollouts:
+            ended = ended_trainings_of(self.connection, sorted(rollouts))
+            for training_id, status in ended.items():
+                self.ended_trainings.setdefault(training_id, status)
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from sqlalchemy import select
 from cua_native.gym.protocol import Screenshot
 from cua_native.monitor.client.drain import drain
 from cua_native.monitor.client.events import Row
-from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
+from cua_native.monitor.client.lifecycle import LEDGER, RunLedger, TrainingMonitor, new_run_name
 from cua_native.monitor.client.recorder import Recorder
 from cua_native.monitor.client.sinks import HttpSink, SinkUnavailable, SqlSink
 from cua_native.monitor.client.spill import SinkChannel, SpillLog
@@ -191,8 +192,12 @@ def test_a_torn_last_spill_line_is_cut_and_kept_aside(tmp_path: Path) -> None:
 
 
 async def test_disk_full_keeps_rows_in_memory_and_never_raises(
-    store: MonitorStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: MonitorStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="cua_native.monitor")
     sink = SwitchSink(store)
     recorder = Recorder([sink], run_dir=tmp_path / "run", **FAST)
 
@@ -204,6 +209,10 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
         sink.down = True
         record_episode(recorder, "t")
         await wait_for(lambda: recorder.stats()["monitor/sql/unspilled"] > 0)
+        # the warning says where the rows are: in memory, not "spilled" by a write that failed
+        warnings = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+        assert warnings and all("kept in memory" in w for w in warnings), warnings
+        assert not any("spilled" in w for w in warnings), warnings
         sink.down = False  # the sink comes back before the end: nothing is lost
         await wait_for(lambda: count(store, schema.Turn) == 2)
     assert recorder.undelivered() == []
@@ -320,3 +329,48 @@ async def test_token_first_body_cap_and_the_largest_batch_still_fits(
                 recorder.turn_finished(context, turn)
         assert recorder.stats()["monitor/http/rejected"] == 0
     assert count(store, schema.Obs) == 20
+
+
+async def test_a_disk_full_to_the_end_leaves_a_true_end_for_the_next_run(
+    store: MonitorStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills during the run and stays full: the store, the spill and appends to the
+    ledger all refuse, so the training's end reaches no store and is lost from memory at
+    exit. The ledger's end, written into the line its start reserved, keeps it; the next run
+    in the directory sends it, so the training ends ``completed`` at the time it ended, not
+    ``running`` forever or ``failed`` as if killed."""
+    run_dir = tmp_path / "run"
+    sink = SwitchSink(store)
+    first = Recorder([sink], run_dir=run_dir, run_name="r1", **FAST)
+
+    def full(*_args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    async with TrainingMonitor(first, model_name="m"):
+        await wait_for(lambda: count(store, schema.Training) == 1)  # the start was delivered
+        sink.down = True  # the disk is full from here on
+        monkeypatch.setattr(SpillLog, "append", full)
+        monkeypatch.setattr(RunLedger, "_append", lambda self, text: None)
+        record_episode(first, "t")
+    (lost,) = first.undelivered()
+    assert "could not be written to disk" in lost
+    (training,) = _all(store, schema.Training)
+    assert training.status == "running"  # what this store could not be told
+    ends = [json.loads(line) for line in (run_dir / LEDGER).read_text().splitlines()]
+    end = ends[-1]
+    assert (end["run_name"], end["state"], end["delivered"]) == ("r1", "completed", False)
+
+    monkeypatch.undo()  # space again
+    sink.down = False
+    second = Recorder([sink], run_dir=run_dir, run_name="r2", **FAST)
+    async with TrainingMonitor(second, model_name="m"):
+        pass
+    old, new = sorted(_all(store, schema.Training), key=lambda t: t.id)
+    assert (old.run_name, old.status, new.status) == ("r1", "completed", "completed")
+    assert "recorded late" in (old.status_message or "") and old.error_message is None
+    assert old.end_time is not None and old.end_time.isoformat().startswith(end["time"][:19])
+    assert RunLedger(run_dir).ends_to_resend() == []
+    third = Recorder([sink], run_dir=run_dir, run_name="r3", **FAST)
+    async with TrainingMonitor(third, model_name="m"):
+        pass  # an end is sent again once, not by every later run
+    assert second.stats()["monitor/sql/delivered"] > third.stats()["monitor/sql/delivered"]

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from cua_native.monitor.db.schema import (
     Base,
+    Environment,
     Eval,
     Obs,
     Rollout,
@@ -511,3 +512,110 @@ def test_other_database_errors_are_not_retried(
     with pytest.raises(OperationalError):
         store.ingest(base_batch())
     assert len(calls) == 1
+
+
+def _ahead(step: int, rollout: str, status: str | None = None) -> dict[str, Any]:
+    """What a rollout worker sends for a step the trainer may never reach: the step without a
+    status (the worker does not own it), a running rollout and its running environment."""
+    step_record: dict[str, Any] = {
+        "client_id": f"step-{step}",
+        "training_client_id": "tr-1",
+        "step": step,
+    }
+    if status is not None:
+        step_record["status"] = status
+    return {
+        "steps": [step_record],
+        "rollouts": [
+            {
+                "client_id": rollout,
+                "rollout_id": rollout,
+                "step_client_id": f"step-{step}",
+                "task_client_id": "task-a",
+                "model_path": "m",
+                "status": "running",
+            }
+        ],
+        "environments": [
+            {
+                "client_id": f"{rollout}:env",
+                "rollout_client_id": rollout,
+                "env_type": "android",
+                "status": "running",
+            }
+        ],
+    }
+
+
+def _states(store: MonitorStore) -> dict[str, Any]:
+    with store.session() as session:
+        return {
+            "steps": {s.step: (s.status, s.error_message) for s in session.scalars(select(Step))},
+            "rollouts": {
+                r.rollout_id: (r.status, r.error_message) for r in session.scalars(select(Rollout))
+            },
+            "environments": {e.client_id: e.status for e in session.scalars(select(Environment))},
+        }
+
+
+NEVER_TRAINED = ("failed", "never trained: the training completed before this step's update")
+LEFT_OPEN = ("cancelled", "still open when the training completed")
+
+
+def test_a_completed_training_leaves_nothing_open(store: MonitorStore) -> None:
+    """AReaL generates ahead: when the last step has trained, rollouts of the next step are
+    running and that step exists. The training's end closes them, saying why; what finished
+    stays as it was, and a step in its update (which may have trained) is left to its own end."""
+    store.ingest(base_batch())
+    store.ingest({"rollouts": [{"client_id": "ro-1", "status": "completed", "reward": 1.0}]})
+    store.ingest({"steps": [{"client_id": "step-0", "status": "completed"}]})
+    store.ingest(_ahead(1, "ro-ahead"))
+    store.ingest(_ahead(2, "ro-updating", status="training"))
+    store.ingest({"training": {"client_id": "tr-1", "status": "completed"}})
+    states = _states(store)
+    assert states["steps"] == {0: ("completed", None), 1: NEVER_TRAINED, 2: ("training", None)}
+    assert states["rollouts"] == {
+        "uuid-1": ("completed", None),
+        "ro-ahead": LEFT_OPEN,
+        "ro-updating": LEFT_OPEN,
+    }
+    assert set(states["environments"].values()) == {"terminated"}
+
+
+def test_rows_that_arrive_after_the_end_are_closed_on_arrival(store: MonitorStore) -> None:
+    """A worker's rows may reach the store after the trainer's end (each process has its own
+    recorder): they are closed in the batch that brings them, and a later update of an
+    environment back to running is closed again."""
+    store.ingest(base_batch())
+    store.ingest({"training": {"client_id": "tr-1", "status": "completed"}})
+    store.ingest(_ahead(1, "ro-late"))
+    states = _states(store)
+    assert states["steps"][1] == NEVER_TRAINED and states["rollouts"]["ro-late"] == LEFT_OPEN
+    assert states["environments"] == {"ro-late:env": "terminated"}
+    store.ingest({"environments": [{"client_id": "ro-late:env", "status": "running"}]})
+    assert _states(store)["environments"] == {"ro-late:env": "terminated"}
+
+
+def test_a_failed_training_ends_the_environments_of_finished_rollouts(store: MonitorStore) -> None:
+    """A run killed (``kill -9``) between a rollout's end and its environment's: the next run
+    marks the training failed, which ends every environment still open, not only those of
+    open rollouts."""
+    store.ingest(base_batch())
+    store.ingest(
+        {
+            "rollouts": [{"client_id": "ro-1", "status": "completed"}],
+            "environments": [
+                {
+                    "client_id": "ro-1:env",
+                    "rollout_client_id": "ro-1",
+                    "env_type": "android",
+                    "status": "running",
+                }
+            ],
+        }
+    )
+    store.ingest({"training": {"client_id": "tr-1", "status": "failed"}})
+    states = _states(store)
+    assert states["environments"] == {"ro-1:env": "terminated"}
+    assert states["rollouts"] == {"uuid-1": ("completed", None)}
+    assert states["steps"] == {0: ("failed", "training failed")}

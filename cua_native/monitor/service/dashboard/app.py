@@ -3,7 +3,8 @@
 Page handlers are plain ``def`` functions, so FastAPI runs their DB queries in its thread pool,
 never on the event loop. With a token, every request needs it: ``Authorization: Bearer <t>``,
 the cookie that ``?token=<t>`` sets, or the query itself. Ingest accepts only the bearer header and
-is refused when the server has no token.
+is refused when the server has no token. A body the parser cannot read (not JSON, or nested
+beyond its recursion limit) is answered 400/422 with one line, never 500.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from cua_native.monitor.db.store import MonitorStore
-from cua_native.monitor.ingest import IngestError
+from cua_native.monitor.ingest import MAX_DEPTH, IngestError
 from cua_native.monitor.screenshots import MEDIA_TYPES, ScreenshotError
 from cua_native.monitor.service.dashboard import queries
 from cua_native.monitor.service.dashboard.plots import Series, eval_chart, line_chart
@@ -232,6 +233,11 @@ def create_app(
             batch = await asyncio.to_thread(json.loads, b"".join(chunks))
         except ValueError as exc:
             return JSONResponse({"error": f"body is not JSON: {exc}"}, status_code=400)
+        except RecursionError:  # the parser's own limit, far beyond the contract's
+            return JSONResponse(
+                {"error": f"body nests JSON deeper than a record may ({MAX_DEPTH} levels)"},
+                status_code=422,
+            )
         if not isinstance(batch, dict):
             return JSONResponse({"error": "body must be a JSON object"}, status_code=422)
         try:

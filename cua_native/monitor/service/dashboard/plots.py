@@ -91,7 +91,7 @@ def line_chart(title: str, series: list[Series], width: int = 640, height: int =
 
 def eval_chart(data: dict[str, Any]) -> str | None:
     """Baseline (at step -1) and every evaluation's success rate, each with its 95 % bootstrap
-    interval over tasks (``training.outcomes.task_interval``); ``None`` without either."""
+    interval over tasks (``rollout.outcomes.task_interval``); ``None`` without either."""
     outcomes = data.get("outcomes", {})
     series = []
     for kind, rows, label in (
