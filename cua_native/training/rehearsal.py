@@ -79,10 +79,19 @@ class Rehearsal:
         self.reasons.append(f"  {key} = {shown}  ({why})")
 
 
+RAY_FIXED_PORTS = frozenset({6379, 8265, 10001, 52365, 52366})
+"""Ports a local Ray cluster takes by default once it starts (GCS, dashboard, client server,
+dashboard agent HTTP/gRPC): a port picked free before Ray starts must not be one of them."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free on ``host`` now, never one of Ray's fixed defaults."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in RAY_FIXED_PORTS:
+            return port
 
 
 def host_address() -> str:

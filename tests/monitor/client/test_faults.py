@@ -198,6 +198,8 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cua_native.monitor")
+    # a logging.config.dictConfig earlier in the process (AReaL's) disables existing loggers
+    monkeypatch.setattr(logging.getLogger("cua_native.monitor.client.spill"), "disabled", False)
     sink = SwitchSink(store)
     recorder = Recorder([sink], run_dir=tmp_path / "run", **FAST)
 
