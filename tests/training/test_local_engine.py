@@ -69,6 +69,7 @@ def batch(tiny_dir: Path, processor: Any) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_areal_ppo_actor_runs_on_the_local_engine(
     tiny_dir: Path, processor: Any, batch: list[dict[str, Any]], tmp_path: Path
 ) -> None:
