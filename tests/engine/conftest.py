@@ -15,10 +15,9 @@ import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 from PIL import Image
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoModelForImageTextToText
 
 from cua_native.engine import InProcessEngine, InProcessEngineConfig
-from cua_native.models.tiny import build_tiny_qwen3_vl
 
 
 @dataclass(frozen=True)
@@ -33,10 +32,10 @@ class Tiny:
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
-    path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"))
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    return Tiny(path=path, model=model, processor=AutoProcessor.from_pretrained(path))
+def tiny(tiny_dir: Path, processor: Any) -> Tiny:
+    """The shared tiny model (``tests/conftest.py``), loaded once."""
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    return Tiny(path=tiny_dir, model=model, processor=processor)
 
 
 def make_engine(tiny: Tiny, **config: Any) -> InProcessEngine:
