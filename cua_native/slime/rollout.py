@@ -17,7 +17,8 @@ slime always gets ``--rollout-batch-size`` complete groups; so is a group with a
 ended before its first turn (no sample to train on, and slime's steps count rollouts).
 
 The loop's state (the workflow's gym client, processor and recorder, the engine's HTTP client)
-lives on ``args`` (``RUNTIME_ATTR``), the one object slime hands every call; coroutines run on
+lives on ``args`` (``RUNTIME_ATTR``; it does not travel when ``args`` is pickled), the one
+object slime hands every call; coroutines run on
 slime's own background event loop (``slime.utils.async_utils.run``), as its rollout functions do.
 ``shutdown(args)`` releases it all. Episodes go to the Training Monitor the config names
 (``cua.monitor_db`` / ``cua.monitor_url``), ``step`` = ``rollout_id``.
@@ -63,6 +64,11 @@ class SlimeRollout:
     engine: RouterEngine
     workflow: CUAAgentWorkflow
     observer: EpisodeObserver | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        """The live objects stay in this process: a pickled or copied ``args`` (slime ships its
+        arguments to Ray actors) carries ``None`` in their place."""
+        return (_left_behind, ())
 
     @classmethod
     def create(cls, setup: SlimeSetup, observer: EpisodeObserver | None = None) -> SlimeRollout:
@@ -131,6 +137,10 @@ class SlimeRollout:
     async def aclose(self) -> None:
         await self.workflow.aclose()
         await self.engine.aclose()
+
+
+def _left_behind() -> None:
+    return None
 
 
 def runtime(args: Any) -> SlimeRollout:

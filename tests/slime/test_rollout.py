@@ -12,6 +12,7 @@ discounted by turn); the image tensors against the prompt's image pads.
 from __future__ import annotations
 
 import math
+import pickle
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -31,19 +32,36 @@ def test_slime_rollout_function_trains_on_exact_turn_samples(
     run_dir = tmp_path / "run"
     args = args_for(sglang, run_dir, prompt_data=str(tasks_file))
     data_source = RolloutDataSourceWithBuffer(args)
+    loop = cua_rollout.runtime(args)
+    play = loop.workflow.play_group
+    played: list[str] = []
+
+    async def first_group_dropped(engine: Any, task: Any, data: dict[str, Any]) -> Any:
+        played.append(task.task_id)
+        return None if len(played) == 1 else await play(engine, task, data)
+
+    loop.workflow.play_group = first_group_dropped  # type: ignore[method-assign]
     try:
-        output = call_rollout_fn(
-            cua_rollout.generate_rollout, args, 0, data_source, evaluation=False
-        )
+        outputs = [
+            call_rollout_fn(cua_rollout.generate_rollout, args, step, data_source, evaluation=False)
+            for step in (0, 1)
+        ]
+        # slime ships args to its Ray actors: the loop's live objects stay behind
+        assert getattr(pickle.loads(pickle.dumps(args)), cua_rollout.RUNTIME_ATTR) is None
     finally:
         cua_rollout.shutdown(args)
 
-    assert isinstance(output, RolloutFnTrainOutput)
-    groups = output.samples
-    validate_rollout_id_annotated(groups)  # slime's check of prompt x rollout x samples
-    assert len(groups) == args.rollout_batch_size
-    assert all(len(group) == args.n_samples_per_prompt for group in groups)
-    assert output.metrics == {"cua/dropped_groups": 0}
+    # the dropped group was replaced by the data source's next prompt, once
+    assert [o.metrics for o in outputs] == [{"cua/dropped_groups": 1}, {"cua/dropped_groups": 0}]
+    assert len(played) == 3 + 2
+    groups = []
+    for output in outputs:
+        assert isinstance(output, RolloutFnTrainOutput)
+        validate_rollout_id_annotated(output.samples)  # slime's check of prompt x rollout x samples
+        assert len(output.samples) == args.rollout_batch_size
+        assert all(len(group) == args.n_samples_per_prompt for group in output.samples)
+        groups.extend(output.samples)
+    assert [g[0][0].group_index for g in groups] == [1, 2, 3, 4]  # group 0 was dropped
 
     calls = {tuple(c.response.output_tokens): c for c in sglang.calls}
     pad = sglang.served.engine.processor.image_token_id
@@ -85,9 +103,15 @@ def test_slime_rollout_function_trains_on_exact_turn_samples(
     # the episodes are in the Training Monitor, with the rewards and turns the samples carry
     with sqlite3.connect(run_dir / "monitor.db") as db:
         rows = {
-            r[0]: r[1:] for r in db.execute("SELECT rollout_id, reward, num_turns FROM rollout")
+            r[0]: r[1:]
+            for r in db.execute(
+                "SELECT r.rollout_id, r.reward, r.num_turns, s.step FROM rollout r"
+                " JOIN step s ON r.step_id = s.id"
+            )
         }
-    for episode in episodes:
-        reward, turns = rows[episode[0].metadata["cua_episode_id"]]
+    assert len(rows) == len(episodes) == 8
+    for index, episode in enumerate(episodes):
+        reward, turns, step = rows[episode[0].metadata["cua_episode_id"]]
         assert math.isclose(reward, episode[0].metadata["raw_reward"])
         assert turns == len(episode)
+        assert step == index // 4  # rollout_id 0, then 1
