@@ -11,7 +11,9 @@ does:
   strings): starts the producer, ``{"message": "Rollout started"}``; again while it runs,
   ``{"message": "Rollout already running"}``; a payload it cannot run is HTTP 400 with one line.
   ``task_type`` must be ``cua`` (``--rollout-task-type cua``).
-- ``POST /get_rollout_data``: ``{"success", "message", "data": {"data": [...], "meta_info": {...}}}``,
+- ``POST /get_rollout_data`` (the body is ignored, as slime's buffer ignores it: the guide's
+  ``num`` is not sent by slime's client at the pinned commit):
+  ``{"success", "message", "data": {"data": [...], "meta_info": {...}}}``,
   every item of the groups finished since the last read (``success`` false and no items while
   there are none). Items are whole groups only: ``num_repeat_per_sample`` episodes of one
   ``instance_id``; a group the loop drops (an episode rejected again, or one without a turn) is
@@ -38,6 +40,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -107,6 +110,9 @@ class StartRequest:
             if isinstance(error, StartError):
                 raise
             raise StartError(f"bad start payload: {error}") from error
+        parts = urlsplit(request.engine_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StartError(f"remote_engine_url {request.engine_url!r} is not http(s)://host:port")
         if not request.input_file.is_file():
             raise StartError(f"input_file {request.input_file} is not a file this buffer can read")
         return request

@@ -146,6 +146,7 @@ async def test_buffer_answers_as_slimes_buffer_and_refuses_bad_starts(
             ({"task_type": "math"}, "--rollout-task-type cua"),
             ({"input_file": str(tmp_path / "none.jsonl")}, "is not a file"),
             ({"num_repeat_per_sample": "x"}, "not a whole number"),
+            ({"remote_engine_url": "sglang:30000"}, "is not http(s)://host:port"),
             ({"sampling_params": {"top_p": 0.9, "max_tokens": 16}}, "--rollout-top-p 1"),
         ]:
             answer = await client.post("/start_rollout", json={**good, **change})
