@@ -113,6 +113,8 @@ def serve_buffer(ns: argparse.Namespace) -> int:
     try:
         app = build_app(RolloutBuffer(cua, observer=recorder))
         _Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=60)).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how the buffer stops (uvicorn re-raises it after shutting down)
     finally:
         sock.close()
         if recorder is not None:

@@ -209,3 +209,48 @@ def test_running_producer_is_not_started_twice(tmp_path: Path, tasks_file: Path)
         await buffer.aclose()
 
     asyncio.run(scenario())
+
+
+def test_buffer_command_serves_until_stopped(tmp_path: Path) -> None:
+    import os
+    import selectors
+    import signal
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable,
+        "-m",
+        "cua_native.slime",
+        "buffer",
+        "--config",
+        CONFIG,
+        "--port",
+        "0",
+    ]
+    command += [f"cua.run_dir={tmp_path / 'run'}", "cua.monitor_db=sqlite"]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        ready = selectors.DefaultSelector()
+        ready.register(proc.stdout, selectors.EVENT_READ)
+        assert ready.select(timeout=600.0), "the buffer printed nothing in 10 minutes"
+        line = proc.stdout.readline().strip()  # the ready line, or EOF if it died
+        assert line.startswith("rollout buffer on http://127.0.0.1:"), (
+            proc.stderr.read() if proc.stderr else line
+        )
+        answer = httpx.post(
+            f"{line.rsplit(' ', 1)[1]}/get_rollout_data", json={}, timeout=60.0
+        ).json()
+        assert answer["success"] is False and answer["data"]["data"] == []
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0
+    assert (tmp_path / "run" / "monitor.db").is_file()  # the recorder opened the run's store
