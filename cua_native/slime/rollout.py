@@ -18,8 +18,8 @@ ended before its first turn (no sample to train on, and slime's steps count roll
 
 The loop's state (the workflow's gym client, processor and recorder, the engine's HTTP client)
 lives on ``args`` (``RUNTIME_ATTR``; it does not travel when ``args`` is pickled), the one
-object slime hands every call; coroutines run on
-slime's own background event loop (``slime.utils.async_utils.run``), as its rollout functions do.
+object slime hands every call; coroutines run on slime's own background event loop
+(``slime.utils.async_utils.run``), as its rollout functions do.
 ``shutdown(args)`` releases it all. Episodes go to the Training Monitor the config names
 (``cua.monitor_db`` / ``cua.monitor_url``), ``step`` = ``rollout_id``.
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,8 +42,6 @@ from cua_native.rollout.workflow import CUAAgentWorkflow, task_from_row
 from cua_native.slime.engine import RouterEngine
 from cua_native.slime.samples import group_turn_samples
 from cua_native.slime.settings import SlimeArgsError, SlimeSetup, setup_from_args
-
-logger = logging.getLogger(__name__)
 
 RUNTIME_ATTR = "_cua_slime_runtime"
 
