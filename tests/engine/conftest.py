@@ -15,9 +15,10 @@ import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 from PIL import Image
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from cua_native.engine import InProcessEngine, InProcessEngineConfig
+from cua_native.models.tiny import build_tiny_qwen3_vl
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,12 @@ class Tiny:
 
 
 @pytest.fixture(scope="session")
-def tiny(tiny_dir: Path, processor: Any) -> Tiny:
-    """The shared tiny model (``tests/conftest.py``), loaded once."""
-    model = AutoModelForImageTextToText.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    return Tiny(path=tiny_dir, model=model, processor=processor)
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """The tiny model with its default tokenizer (not the commands' prompt-trained one of
+    ``tests/conftest.py``): the engine's behaviour tests pin its greedy outputs."""
+    path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"))
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return Tiny(path=path, model=model, processor=AutoProcessor.from_pretrained(path))
 
 
 def make_engine(tiny: Tiny, **config: Any) -> InProcessEngine:
