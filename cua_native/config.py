@@ -124,9 +124,11 @@ class CUASettings(BaseModel):
     """Sampling temperature of the baseline and every evaluation (default: the agent's,
     ``agent.sampling.temperature``); lets training sample hotter than it is measured."""
     skip_uniform_groups: bool = False
-    """Embedded trainer: leave out of the update every group whose rows' rewards are all 0 after
-    the workflow's group normalisation (its episodes all earned the same reward). They carry
-    no policy gradient, only the update's cost (and, with ``actor.kl_ctl`` > 0, KL terms).
+    """Embedded trainer: leave out of the update every uniform group (its episodes all earned
+    the same reward, so its rows' rewards are all 0 after the group normalisation:
+    ``rollout.trajectory.is_uniform_group``); the workflow decides it from the rewards and
+    builds no rows for it. Such groups carry no policy gradient, only the update's cost (and,
+    with ``actor.kl_ctl`` > 0, KL terms).
     DAPO's dynamic-sampling filter without the resampling: the step trains on fewer groups,
     and a step whose groups are all uniform makes no update (the weights' version stays)."""
     monitor_db: str | None = "sqlite"

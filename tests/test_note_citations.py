@@ -1,6 +1,6 @@
 """Design notes are cited by name, never by number, and every cited name is a heading.
 
-``docs/design-notes.md`` gives each note a heading; a citation is its GitHub anchor
+``docs/design-notes.md`` (the experiments) and ``docs/contracts.md`` give each note a heading; a citation is its GitHub anchor
 (``docs/design-notes.md#vllm-chat-abort``), which survives notes being added, moved or split,
 where "note 33" or "finding 5" silently pointed at another note after a renumbering.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ROOT / "docs" / "design-notes.md"
+CONTRACTS = ROOT / "docs" / "contracts.md"
 SCOPE = ("cua_native", "configs", "tests", "bench", "README.md")
 NUMBERED = re.compile(r"\b(?:notes?|findings?)\b[\s,:#§]*\d+", re.IGNORECASE)
 """``note 33``, ``Notes 26–30``, ``findings 5 and 11``, ``design notes, 29``, ``note\\n34``."""
@@ -80,4 +81,16 @@ def test_every_cited_name_is_a_heading_and_names_are_unique() -> None:
     cited = {name for run in runs for name in re.findall(r"#([\w-]+)", run)}
     cited |= set(re.findall(r"\]\(#([\w-]+)\)", notes))
     assert cited, "no citation found: the pattern is broken"
+    assert sorted(cited - set(slugs)) == []
+
+
+def test_every_cited_contract_is_a_heading_and_names_are_unique() -> None:
+    contracts = CONTRACTS.read_text()
+    slugs = anchors(contracts)
+    assert slugs and [s for s, n in Counter(slugs).items() if n > 1] == []
+    texts = [*text_files().values(), *(p.read_text() for p in (ROOT / "docs").glob("*.md"))]
+    pattern = re.compile(CITED.pattern.replace("design-notes", "contracts"))
+    runs = [run.group(0) for text in texts for run in pattern.finditer(text)]
+    cited = {name for run in runs for name in re.findall(r"#([\w-]+)", run)}
+    assert "episode-observers" in cited  # the doc's own example: the pattern sees citations
     assert sorted(cited - set(slugs)) == []

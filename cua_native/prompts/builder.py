@@ -25,11 +25,11 @@ import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
-from cua_native.actions.dialects import Dialect, get_dialect
+from cua_native.actions.dialects import Dialect
 from cua_native.gym.media import check_url_allowed, fetch_image_url
 from cua_native.gym.protocol import Screenshot, Task
-from cua_native.prompts import mai_ui, qwen3_vl
 from cua_native.prompts.config import PromptConfig
+from cua_native.prompts.families import family_of
 from cua_native.prompts.history import (
     HistoryStep,
     HistoryWindow,
@@ -87,12 +87,7 @@ class BuiltPrompt:
 
 def dialect_for(config: PromptConfig) -> Dialect:
     """The dialect that writes history in the style this prompt asks the model for."""
-    if config.family == "mai_ui":
-        return get_dialect("mai_ui", scale=config.screen_grid)
-    tool = "computer_use" if config.variant == "computer_use" else "mobile_use"
-    return get_dialect(
-        "qwen3_vl", tool=tool, scale=config.screen_grid, absolute_pixels=config.absolute_pixels
-    )
+    return family_of(config).dialect(config)
 
 
 def render_messages(
@@ -111,8 +106,7 @@ def render_messages(
     check_history(history)
     if window is None:
         window = initial_window(len(history), config.history_images or 1, config.max_images)
-    render = mai_ui.render_messages if config.family == "mai_ui" else qwen3_vl.render_messages
-    return render(
+    return family_of(config).render_messages(
         task,
         history,
         current,

@@ -31,16 +31,15 @@ def tokenizer_corpus() -> list[str]:
     character-level ones), so every prompt row is ~40 % shorter."""
     from cua_native.gym.sim.tasks import catalogue
     from cua_native.models.tiny import default_corpus
-    from cua_native.prompts import mai_ui, qwen3_vl
-    from cua_native.prompts.config import VARIANTS, Family, PromptConfig
+    from cua_native.prompts.config import VARIANTS, PromptConfig
+    from cua_native.prompts.families import FAMILIES
 
-    families: tuple[Family, ...] = ("mai_ui", "qwen3_vl")
     prompts: list[str] = []
-    for family in families:
-        render = mai_ui.system_prompt if family == "mai_ui" else qwen3_vl.system_prompt
-        for variant in VARIANTS[family]:
+    for family in FAMILIES.values():
+        for variant in VARIANTS[family.name]:
+            config = PromptConfig(family=family.name, variant=variant)
             try:
-                prompts.append(render(PromptConfig(family=family, variant=variant)))
+                prompts.append(family.system_prompt(config))
             except ValueError:  # a variant that needs a screenshot to render
                 continue
     instructions = [task.instruction for task in catalogue()]

@@ -71,6 +71,25 @@ def normalized_rewards(
     return [(r - mean) / (std + eps) for r in rewards]
 
 
+UNIFORM_TOLERANCE = 1e-6
+"""A normalised reward this close to 0 is 0: a mean of equal floats may differ from them in the
+last bit (``0.1 * 3 / 3`` is not ``0.1``)."""
+
+
+def is_uniform_group(rewards: Sequence[float], *, normalize: bool | str, eps: float) -> bool:
+    """Whether a group is UNIFORM (the one name for a group without GRPO signal): after the
+    group normalisation every episode's reward is 0 (its episodes all earned the same reward),
+    so every row's reward is 0 and the update learns nothing from it. Without normalisation
+    (``normalize=False``) the raw rewards still move the policy unless they are all 0. Decided
+    from the episodes' rewards, before any row (with its pixels) is built."""
+    values = (
+        normalized_rewards(rewards, eps, divide_std=normalize != "mean")
+        if normalize
+        else list(rewards)
+    )
+    return all(abs(value) <= UNIFORM_TOLERANCE for value in values)
+
+
 def discounted(value: float, turns: int, gamma: float) -> list[float]:
     """Turn ``t`` of ``turns`` gets ``gamma ** (turns - 1 - t) * value``."""
     return [gamma ** (turns - 1 - t) * value for t in range(turns)]

@@ -55,7 +55,7 @@ from cua_native.rollout.factories import (
 from cua_native.rollout.pause_clock import PauseClock, engine_pause_probe
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
 from cua_native.rollout.shared import PROCESS_RESOURCES
-from cua_native.rollout.trajectory import VisionTokens, group_samples
+from cua_native.rollout.trajectory import VisionTokens, group_samples, is_uniform_group
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,17 @@ class _Resources:
             close()
 
 
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """One group's outcome: its padded AReaL rows, or ``None`` when it was ``rejected``, had no
+    turn, or is ``uniform`` and skipped."""
+
+    rows: dict[str, Any] | None
+    rejected: bool = False
+    uniform: bool = False
+    """Its episodes all earned the same reward (``trajectory.is_uniform_group``)."""
+
+
 class CUAAgentWorkflow(RolloutWorkflow):
     """Groups of computer-use episodes → per-turn AReaL training rows."""
 
@@ -135,15 +146,19 @@ class CUAAgentWorkflow(RolloutWorkflow):
         gym: Gym | None = None,
         processor: Any = None,
         observer: EpisodeObserver | None = None,
+        skip_uniform_groups: bool = False,
     ) -> None:
         """``config`` and ``observer_factory`` (an import path of a zero-argument callable that
         returns an ``EpisodeObserver``) are serializable; ``gym``, ``processor`` and ``observer``
-        let in-process callers share live objects (the caller then owns and closes the gym)."""
+        let in-process callers share live objects (the caller then owns and closes the gym).
+        ``skip_uniform_groups``: a uniform group (``trajectory.is_uniform_group``) gives no
+        rows (``cua.skip_uniform_groups``)."""
         self.config = (
             config if isinstance(config, AgentConfig) else AgentConfig.model_validate(config or {})
         )
         self.source = source
         self.observer_factory = observer_factory
+        self.skip_uniform_groups = skip_uniform_groups
         self._given_gym = gym
         self._given_processor = processor
         self._given_observer = observer
@@ -205,6 +220,12 @@ class CUAAgentWorkflow(RolloutWorkflow):
             await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        """AReaL's entry: the group's rows, or ``None`` (rejected, or uniform and skipped)."""
+        return (await self.arun_group(engine, data)).rows
+
+    async def arun_group(self, engine: Engine, data: dict[str, Any]) -> GroupResult:
+        """Run one group of ``config.group_size`` episodes of the row's task; its rows unless it
+        was rejected, had no turn, or is uniform and ``skip_uniform_groups`` is set."""
         # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
         # concatenated) when a weight update aborts them; idempotent, other engines untouched
         prepare_remote_engine(engine)
@@ -215,9 +236,18 @@ class CUAAgentWorkflow(RolloutWorkflow):
         runs = await self.run_group(engine, task, resources, data)
         tracker = stats_tracker.get(workflow_context.stat_scope())
         if runs is None:
-            return None
+            return GroupResult(rows=None, rejected=True)
         record_group_stats(tracker, runs)
         config = self.config
+        uniform = is_uniform_group(
+            [run.record.reward for run in runs],
+            normalize=config.group_reward_norm,
+            eps=config.reward_norm_eps,
+        )
+        if uniform:
+            tracker.scalar(**{f"{STAT_PREFIX}/uniform_groups": 1.0})
+            if self.skip_uniform_groups:
+                return GroupResult(rows=None, uniform=True)
         # Megabytes of tensors per group (each turn's row carries its prompt's pixel values):
         # off the event loop, like the rest of the per-turn CPU work.
         samples = await asyncio.to_thread(
@@ -231,7 +261,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
         )
         if samples is None:
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
-        return samples
+        return GroupResult(rows=samples, uniform=uniform)
 
     async def play_group(
         self, engine: Engine, task: Task, data: dict[str, Any]

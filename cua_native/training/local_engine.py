@@ -425,20 +425,24 @@ class LocalTrainEngine(TrainEngine):
         workflow_kwargs: dict[str, Any] | None = None,
         group_size: int = 1,
     ) -> list[dict[str, Any]]:
-        """Run ``workflow.arun_episode`` on the connected inference engine for every item.
-
-        Blocking, like AReaL's; the embedded trainer calls ``arollout_batch`` from its loop.
+        """Run ``workflow.arun_episode`` on the connected inference engine for every item (AReaL's
+        ``TrainEngine`` interface; blocking, like AReaL's).
         """
         return asyncio.run(self.arollout_batch(data, workflow, group_size))
 
     async def arollout_batch(
         self, data: list[dict[str, Any]], workflow: Any, group_size: int = 1
     ) -> list[dict[str, Any]]:
+        """``group_size`` is AReaL's (rollouts per item) and must stay 1: the CUA workflow runs
+        ``cua.agent.group_size`` episodes per task itself, the one group size of a run."""
+        if group_size != 1:
+            raise ValueError(
+                f"group_size {group_size}: AReaL's rollouts per item stay 1; the group size is "
+                "cua.agent.group_size (the workflow runs the group)"
+            )
         if self._inference is None:
             raise RuntimeError("connect_engine() an inference engine before collecting rollouts")
-        jobs = [
-            workflow.arun_episode(self._inference, item) for item in data for _ in range(group_size)
-        ]
+        jobs = [workflow.arun_episode(self._inference, item) for item in data]
         results = await asyncio.gather(*jobs)
         return [r for r in results if r is not None]
 

@@ -20,6 +20,8 @@ from areal.engine.sglang_remote import SGLangBackend
 
 from cua_native.engine.remote import CheckedSGLangBackend
 
+pytestmark = pytest.mark.conformance
+
 SGLANG_ENVS = ("sglang-0.5.10.post1", "sglang-0.5.23")
 
 

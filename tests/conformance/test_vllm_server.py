@@ -32,6 +32,8 @@ from cua_native.engine.remote import CheckedVLLMBackend
 from cua_native.engine.sampling import tempered_logprobs
 from cua_native.engine.serve import ServedModel, build_app
 
+pytestmark = pytest.mark.conformance
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_ENV = "vllm-0.19.1"
 TEMPERATURES = (1.0, 0.7, 1.3)

@@ -34,6 +34,8 @@ class Tiny:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """The tiny model with its default tokenizer (not the commands' prompt-trained one of
+    ``tests/conftest.py``): the engine's behaviour tests pin its greedy outputs."""
     path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl"))
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return Tiny(path=path, model=model, processor=AutoProcessor.from_pretrained(path))

@@ -160,6 +160,7 @@ def test_arena_grows_in_buckets_and_keeps_contents(tokens_first: bool) -> None:
     assert (arena.slots, arena.capacity) == (1, 8)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 async def test_cuda_graphs_stay_valid_across_weight_updates(kit: Any) -> None:
     model = copy.deepcopy(kit.tiny.model)

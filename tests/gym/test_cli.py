@@ -67,10 +67,17 @@ def test_cli_serves_a_gym_with_faults(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
     }
     command = [sys.executable, "-m", "cua_native.gym.server", "--port", str(port)]
-    command += ["--gym", "conftest:CounterGym", "--seed", "3", "--fault-profile", str(profile)]
+    command += [
+        "--gym",
+        "fakes.counter_gym:CounterGym",
+        "--seed",
+        "3",
+        "--fault-profile",
+        str(profile),
+    ]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         _wait_ready(url, process)

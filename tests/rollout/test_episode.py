@@ -217,6 +217,36 @@ async def test_workflow_group_rows_and_stats(
     assert gym.started == gym.closed == 2
 
 
+async def test_a_uniform_group_is_found_before_its_rows_are_built(
+    processor, scripted_engine_factory, faulty_gym_factory, monkeypatch
+) -> None:
+    """Two episodes that act alike earn one reward: a uniform group. Skipped, it gives no rows
+    and its pixel rows are never built; kept, it gives its rows and still says it is uniform."""
+    import cua_native.rollout.workflow as workflow_module
+
+    config = AgentConfig(max_turns=3, group_size=2)
+    gym = faulty_gym_factory()
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
+    row = {"task": (await _first_task(gym)).model_dump_json()}
+    tracker = stats_tracker.get("rollout")
+    tracker.export(reset=True)
+    built = workflow_module.group_samples
+
+    def no_rows(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a skipped uniform group's rows were built")
+
+    monkeypatch.setattr(workflow_module, "group_samples", no_rows)
+    skipping = CUAAgentWorkflow(config, gym=gym, processor=processor, skip_uniform_groups=True)
+    skipped = await skipping.arun_group(engine, row)
+    assert (skipped.rows, skipped.uniform, skipped.rejected) == (None, True, False)
+    assert tracker.export(reset=True)["rollout/cua/uniform_groups"] == 1.0
+    monkeypatch.setattr(workflow_module, "group_samples", built)
+    kept = await CUAAgentWorkflow(config, gym=gym, processor=processor).arun_group(engine, row)
+    assert kept.uniform and not kept.rejected and kept.rows is not None
+    assert not bool(kept.rows["rewards"].abs().max() > 1e-6)  # every row's reward is 0
+    assert gym.started == gym.closed == 4
+
+
 async def test_episode_work_is_ranked_by_turn_and_start_time(
     processor, scripted_engine_factory, faulty_gym_factory
 ) -> None:

@@ -74,6 +74,7 @@ def _figures(tally: EpisodeTally) -> tuple[Any, ...]:
     )
 
 
+@pytest.mark.slow
 def test_evaluate_reproduces_the_trainers_baseline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,6 +69,7 @@ def batch(tiny_dir: Path, processor: Any) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_areal_ppo_actor_runs_on_the_local_engine(
     tiny_dir: Path, processor: Any, batch: list[dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -221,3 +222,10 @@ def test_logits_only_where_the_loss_reads_them(
     assert len(kept_grads) == len(full_grads)
     for a, b in zip(kept_grads, full_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_the_group_size_is_the_workflows_alone() -> None:
+    """AReaL's rollouts per item stay 1: ``cua.agent.group_size`` is the one group size."""
+    engine = LocalTrainEngine(torch.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=r"cua\.agent\.group_size"):
+        engine.rollout_batch([{"task": "{}"}], workflow=None, group_size=4)

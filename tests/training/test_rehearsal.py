@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 REHEARSED = [
     "qwen3_vl_android.yaml",

@@ -32,6 +32,8 @@ import pytest
 
 from cua_native.training.cluster.rehearsal import host_address
 
+pytestmark = pytest.mark.slow
+
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android_multinode.yaml"
 RUN_TIMEOUT_S = 1500
 LEAK_MARK = "CUA_TEST_LEAK_MARK"

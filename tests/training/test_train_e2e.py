@@ -58,6 +58,7 @@ RUN_TIMEOUT_S = 1500
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.slow
 def test_embedded_default_trains_and_records_everything(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "e2e"
     done = _run_train(run_dir)

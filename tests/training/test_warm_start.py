@@ -131,6 +131,7 @@ def test_batch_order_is_seeded_and_covers_every_demo() -> None:
     assert [sorted(b) for b in batch_order(3, 8, 2, seed=0)] == [[0, 1, 2], [0, 1, 2]]
 
 
+@pytest.mark.slow
 def test_sft_loss_decreases(tiny_dir: Path, mai_demos: list[Demo]) -> None:
     from cua_native.training.local_engine import LocalTrainEngine
 

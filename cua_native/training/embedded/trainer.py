@@ -20,17 +20,32 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
-from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
+from cua_native.rollout.records import EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
-from cua_native.training.embedded.evaluation import EvalResult, evaluation_for
+from cua_native.training.embedded.evaluation import (
+    EvalKind,
+    EvalResult,
+    Evaluation,
+    evaluation_for,
+)
 from cua_native.training.embedded.task_order import TaskOrder
+
+if TYPE_CHECKING:  # torch, transformers and AReaL: imported when the run starts
+    from areal.trainer.ppo.actor import PPOActor
+    from tqdm import tqdm
+    from transformers import ProcessorMixin
+
+    from cua_native.engine import InProcessEngine
+    from cua_native.monitor.client.lifecycle import TrainingMonitor
+    from cua_native.training.local_engine import LocalTrainEngine
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +115,9 @@ class TrainReport:
     """Evaluation step (-1: baseline) → its result."""
 
 
-def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[str, float]:
+def _ppo_step(
+    actor: PPOActor, batch: list[dict[str, Any]], ref: LocalTrainEngine | None = None
+) -> dict[str, float]:
     """AReaL's order of operations in ``PPOTrainer.train``: recompute log-probs (the proximal
     policy), the reference's log-probs when ``ref`` is given (``actor.kl_ctl`` > 0: AReaL adds
     ``-kl_ctl * KL`` to each token's reward), advantages, update. Runs in a worker thread: it
@@ -130,22 +147,15 @@ def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[
     return stats
 
 
-def _version_dir(trainer_engine: Any) -> str:
+def _version_dir(trainer: LocalTrainEngine) -> str:
     """The checkpoint directory name of the trainer's current weights."""
-    return f"version-{trainer_engine.get_version()}"
+    return f"version-{trainer.get_version()}"
 
 
 def _eval_due(every: int, step: int, total_steps: int) -> bool:
     """Evaluate every ``every`` steps and after the last step (so the final model is always
     measured); never when ``every`` is 0."""
     return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
-
-
-def _is_uniform(group: dict[str, Any]) -> bool:
-    """Whether a group is uniform: its rows' (group-normalised) rewards are all 0, as equal
-    episode rewards give up to rounding (a mean of equal floats may differ from them in the
-    last bit)."""
-    return not bool(group["rewards"].abs().max() > 1e-6)
 
 
 def _keep_eval(report: TrainReport, result: EvalResult) -> None:
@@ -169,6 +179,33 @@ def _pick(stats: dict[str, float], suffix: str) -> float | None:
     return None
 
 
+@dataclass(slots=True)
+class Policy:
+    """The policy in its two forms: the inference engine that plays the episodes and the
+    trainer's copy that AReaL's ``PPOActor`` updates (and, with ``actor.kl_ctl`` > 0, the frozen
+    starting policy AReaL's KL reward is measured against)."""
+
+    engine: InProcessEngine
+    trainer: LocalTrainEngine
+    actor: PPOActor
+    processor: ProcessorMixin
+    ref: LocalTrainEngine | None = None
+
+
+@dataclass(slots=True)
+class Session:
+    """What the steps of one run share: the policy, the gym, the monitor and the one
+    evaluation."""
+
+    policy: Policy
+    gym: Gym
+    monitor: TrainingMonitor
+    train_tasks: list[Task]
+    evaluation: Evaluation
+    """Its ``tasks`` are the run's eval tasks (``cua.eval_tasks``)."""
+    task_row: Callable[[Task], dict[str, Any]]
+
+
 class EmbeddedTrainer:
     """Owns the engines, the gym and the monitor for one embedded training run."""
 
@@ -177,8 +214,6 @@ class EmbeddedTrainer:
         self.progress = progress
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
-        self._ref: Any = None
-        """A frozen copy of the starting model when ``actor.kl_ctl`` > 0."""
 
     # ------------------------------------------------------------------ set-up
     async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
@@ -191,38 +226,22 @@ class EmbeddedTrainer:
             raise ValueError("cua.tasks selected no tasks; loosen its filters")
         return train, evals
 
-    # ------------------------------------------------------------------ phases
-    async def run(self) -> TrainReport:
+    async def _load_policy(self, model_dir: Path, engine: InProcessEngine) -> Policy:
+        """The trainer's copy of the model at ``model_dir`` beside the inference ``engine``."""
         import torch
         from areal.trainer.ppo.actor import PPOActor
         from transformers import AutoModelForImageTextToText
 
-        from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
-        from cua_native.monitor.client.recorder import recorder_from_config
-        from cua_native.rollout.dataset import task_row
-        from cua_native.rollout.factories import load_processor, make_gym
-        from cua_native.rollout.workflow import CUAAgentWorkflow
-        from cua_native.training.embedded.model import load_inference_engine, prepare_model
+        from cua_native.rollout.factories import load_processor
         from cua_native.training.local_engine import LocalTrainEngine
 
         areal, cua = self.loaded.areal, self.loaded.cua
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        report = TrainReport(
-            run_dir=self.run_dir, model_dir=self.run_dir, monitor_url=cua.monitor_db_url()
-        )
-        (self.run_dir / "config.json").write_text(
-            json.dumps(redact({"cua": cua.model_dump(mode="json")}), indent=2)
-        )
-        start = await asyncio.to_thread(prepare_model, self.loaded, progress=self.progress)
-        model_dir = report.model_dir = start.path
-        report.warm_start = start.warm_start
         processor = await asyncio.to_thread(load_processor, model_dir)
-        engine = await load_inference_engine(self.loaded, model_dir)
         model = await asyncio.to_thread(
             AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
         )
         optim = areal.actor.optimizer
-        trainer_engine = LocalTrainEngine(
+        trainer = LocalTrainEngine(
             model,
             lr=optim.lr,
             weight_decay=optim.weight_decay,
@@ -234,12 +253,18 @@ class EmbeddedTrainer:
             betas=(optim.beta1, optim.beta2),
             eps=optim.eps,
         )
-        actor = PPOActor(areal.actor, trainer_engine)
+        ref = None
         if areal.actor.kl_ctl > 0:  # the frozen starting policy, for AReaL's KL reward
-            self._ref = LocalTrainEngine(
+            ref = LocalTrainEngine(
                 copy.deepcopy(model).eval(), temperature=areal.actor.temperature, device=cua.device
             )
-        gym = make_gym(cua.agent.gym)
+        return Policy(engine, trainer, PPOActor(areal.actor, trainer), processor, ref)
+
+    def _monitor(self, model_dir: Path) -> TrainingMonitor:
+        from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
+        from cua_native.monitor.client.recorder import recorder_from_config
+
+        areal, cua = self.loaded.areal, self.loaded.cua
         recorder = recorder_from_config(
             cua.monitor_db_url(),
             cua.monitor_url,
@@ -248,7 +273,7 @@ class EmbeddedTrainer:
             model_path=str(model_dir),
             run_name=new_run_name(f"{areal.experiment_name}_{areal.trial_name}"),
         )
-        monitor = TrainingMonitor(
+        return TrainingMonitor(
             recorder,
             model_name=str(model_dir),
             config={"cua": cua.model_dump(mode="json")},
@@ -256,148 +281,195 @@ class EmbeddedTrainer:
             experiment=areal.experiment_name,
             trial=areal.trial_name,
         )
-        freeze_startup_heap()
-        try:
-            async with monitor:
-                report = await self._train(
-                    report,
-                    engine,
-                    actor,
-                    trainer_engine,
-                    gym,
-                    processor,
-                    monitor,
-                    workflow_cls=CUAAgentWorkflow,
-                    task_row=functools.partial(task_row, gym_id=gym.gym_id),
-                )
-        finally:
-            await gym.aclose()
-            await asyncio.to_thread(engine.destroy)
+
+    # ------------------------------------------------------------------ the run
+    async def run(self) -> TrainReport:
+        """Prepare the model (warm start), load the policy, then train under the monitor; the
+        gym, the workflow and the inference engine are released on every path."""
+        from cua_native.rollout.dataset import task_row
+        from cua_native.rollout.factories import make_gym
+        from cua_native.training.embedded.model import load_inference_engine, prepare_model
+
+        cua = self.loaded.cua
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(
+            json.dumps(redact({"cua": cua.model_dump(mode="json")}), indent=2)
+        )
+        start = await asyncio.to_thread(prepare_model, self.loaded, progress=self.progress)
+        report = TrainReport(
+            run_dir=self.run_dir,
+            model_dir=start.path,
+            monitor_url=cua.monitor_db_url(),
+            warm_start=start.warm_start,
+        )
+        async with contextlib.AsyncExitStack() as cleanup:
+            engine = await load_inference_engine(self.loaded, start.path)
+            cleanup.push_async_callback(asyncio.to_thread, engine.destroy)
+            policy = await self._load_policy(start.path, engine)
+            gym = make_gym(cua.agent.gym)
+            cleanup.push_async_callback(gym.aclose)
+            monitor = self._monitor(start.path)
+            freeze_startup_heap()
+            await cleanup.enter_async_context(monitor)
+            train_tasks, eval_tasks = await self._tasks(gym)
+            session = Session(
+                policy=policy,
+                gym=gym,
+                monitor=monitor,
+                train_tasks=train_tasks,
+                evaluation=evaluation_for(
+                    self.loaded, eval_tasks, gym=gym, processor=policy.processor, monitor=monitor
+                ),
+                task_row=functools.partial(task_row, gym_id=gym.gym_id),
+            )
+            await self._train(session, report)
         return report
 
-    async def _train(
-        self,
-        report: TrainReport,
-        engine: Any,
-        actor: Any,
-        trainer_engine: Any,
-        gym: Gym,
-        processor: Any,
-        monitor: Any,
-        *,
-        workflow_cls: Any,
-        task_row: Any,
-    ) -> TrainReport:
+    async def _train(self, session: Session, report: TrainReport) -> None:
+        """The baseline, then one step after another, each followed by its checkpoint (when
+        due), its record and its evaluation (when due); a final checkpoint."""
         from tqdm import tqdm
 
         areal, cua = self.loaded.areal, self.loaded.cua
-        train_tasks, eval_tasks = await self._tasks(gym)
+        train_tasks, eval_tasks = session.train_tasks, session.evaluation.tasks
         total_steps = areal.total_train_steps or max(
             1, len(train_tasks) // areal.train_dataset.batch_size
         )
-        monitor.total_steps = total_steps
-        optim = areal.actor.optimizer
-        trainer_engine.schedule_lr(
-            optim.lr_scheduler_type,
-            total_steps,
-            warmup_proportion=optim.warmup_steps_proportion,
-            min_lr_ratio=optim.min_lr_ratio,
-        )
+        self._schedule(session, total_steps)
         # A task played under several gym seeds is one task to the monitor.
-        monitor.tasks(list({t.task_id: t for t in train_tasks + eval_tasks}.values()))
-
-        def workflow(source: str, observers: list[EpisodeObserver]) -> Any:
-            return workflow_cls(
-                cua.agent if source == "step" else cua.eval_agent(),
-                source=source,
-                gym=gym,
-                processor=processor,
-                observer=FanoutObserver(monitor.recorder, *observers),
-            )
-
-        evaluation = evaluation_for(
-            self.loaded, eval_tasks, gym=gym, processor=processor, monitor=monitor
-        )
+        session.monitor.tasks(list({t.task_id: t for t in train_tasks + eval_tasks}.values()))
         if cua.baseline and eval_tasks:
-            result = await evaluation.run(engine, kind="baseline")
-            _keep_eval(report, result)
-            self._log(f"baseline: success {result.success_rate:.0%}")
+            await self._evaluate(session, report, "baseline", 0)
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
         order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
         self._log(STEP_TABLE_HEADER)
         for step in bar:
             started = time.perf_counter()
-            tasks = order.next_batch(batch_size)
-            monitor.step_started(step)
-            tally = EpisodeTally()
-            flow = workflow("step", [tally])
-            rows = [dict(task_row(t), global_step=step) for t in tasks]
-            results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
-            batch = [r for r in results if r is not None]
-            rejected = len(results) - len(batch)
-            uniform_flags = [_is_uniform(b) for b in batch]
-            uniform = uniform_flags.count(True)
-            if cua.skip_uniform_groups:
-                batch = [b for b, flag in zip(batch, uniform_flags, strict=True) if not flag]
-            summary = StepSummary(
-                step=step,
-                episodes=tally.completed,
-                rejected_groups=rejected,
-                uniform_groups=uniform,
-                success_rate=tally.success_rate,
-                reward_mean=tally.reward_mean,
-                reward_std=tally.reward_std,
-                turns_mean=tally.turns_mean,
-                samples=sum(int(b["input_ids"].shape[0]) for b in batch),
-            )
-            stats: dict[str, float] = {}
-            if batch:
-                monitor.step_training(step)
-                stats = await asyncio.to_thread(_ppo_step, actor, batch, self._ref)
-                summary.loss = _pick(stats, "actor_loss/avg")
-                summary.grad_norm = _pick(stats, "grad_norm")
-                summary.logp_gap = stats.get("cua/logp_gap/avg")
-                summary.adv_abs = stats.get("cua/adv_abs/avg")
-                version = trainer_engine.get_version() + 1
-                trainer_engine.set_version(version)
-                await asyncio.wrap_future(
-                    engine.update_weights_from_state_dict(trainer_engine.state_dict(), version)
-                )
+            summary, stats = await self._step(session, step, order.next_batch(batch_size))
             checkpoint = None
             if areal.saver.freq_steps and (step + 1) % areal.saver.freq_steps == 0:
-                checkpoint = report.checkpoint = await self._save(trainer_engine, processor)
+                checkpoint = report.checkpoint = await self._save(session.policy)
             summary.seconds = time.perf_counter() - started
             report.steps.append(summary)
-            monitor.step_finished(
-                step,
-                stats,
-                reward_mean=summary.reward_mean,
-                reward_std=summary.reward_std,
-                num_trajectories=summary.episodes,
-                learning_rate=areal.actor.optimizer.lr,
-                grad_norm=summary.grad_norm,
-                checkpoint_path=str(checkpoint) if checkpoint is not None else None,
-                metrics={
-                    "success_rate": summary.success_rate,
-                    "rejected_groups": summary.rejected_groups,
-                    "uniform_groups": summary.uniform_groups,
-                },
-                status="completed",
-            )
-            bar.set_postfix(
-                reward=f"{summary.reward_mean:+.2f}",
-                success=f"{summary.success_rate:.0%}",
-                loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
-            )
-            self._log(summary.table_row())
+            self._record_step(session.monitor, summary, stats, checkpoint)
+            self._show_step(bar, summary)
             if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
-                result = await evaluation.run(engine, kind="eval", step=step)
-                _keep_eval(report, result)
-                self._log(f"eval after step {step}: success {result.success_rate:.0%}")
-        if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
-            report.checkpoint = await self._save(trainer_engine, processor)
-        return report
+                await self._evaluate(session, report, "eval", step)
+        trainer = session.policy.trainer
+        if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer):
+            report.checkpoint = await self._save(session.policy)
+
+    def _schedule(self, session: Session, total_steps: int) -> None:
+        """The learning-rate schedule over ``total_steps``, and the monitor's step count."""
+        optim = self.loaded.areal.actor.optimizer
+        session.policy.trainer.schedule_lr(
+            optim.lr_scheduler_type,
+            total_steps,
+            warmup_proportion=optim.warmup_steps_proportion,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
+        session.monitor.total_steps = total_steps
+
+    # ------------------------------------------------------------------ one step
+    async def _step(
+        self, session: Session, step: int, tasks: list[Task]
+    ) -> tuple[StepSummary, dict[str, float]]:
+        """Play one group per task; update the policy on the groups that have rows (AReaL's
+        PPO step) and hand the new weights to the inference engine."""
+        from cua_native.rollout.workflow import CUAAgentWorkflow
+
+        cua = self.loaded.cua
+        session.monitor.step_started(step)
+        tally = EpisodeTally()
+        workflow = CUAAgentWorkflow(
+            cua.agent,
+            source="step",
+            gym=session.gym,
+            processor=session.policy.processor,
+            observer=FanoutObserver(session.monitor.recorder, tally),
+            skip_uniform_groups=cua.skip_uniform_groups,
+        )
+        rows = [dict(session.task_row(task), global_step=step) for task in tasks]
+        try:
+            groups = await asyncio.gather(
+                *(workflow.arun_group(session.policy.engine, row) for row in rows)
+            )
+        finally:
+            await workflow.aclose()
+        batch = [group.rows for group in groups if group.rows is not None]
+        summary = StepSummary(
+            step=step,
+            episodes=tally.completed,
+            rejected_groups=sum(group.rejected for group in groups),
+            uniform_groups=sum(group.uniform for group in groups),
+            success_rate=tally.success_rate,
+            reward_mean=tally.reward_mean,
+            reward_std=tally.reward_std,
+            turns_mean=tally.turns_mean,
+            samples=sum(int(rows["input_ids"].shape[0]) for rows in batch),
+        )
+        stats: dict[str, float] = {}
+        if batch:
+            session.monitor.step_training(step)
+            stats = await self._update(session.policy, batch)
+            summary.loss = _pick(stats, "actor_loss/avg")
+            summary.grad_norm = _pick(stats, "grad_norm")
+            summary.logp_gap = stats.get("cua/logp_gap/avg")
+            summary.adv_abs = stats.get("cua/adv_abs/avg")
+        return summary, stats
+
+    async def _update(self, policy: Policy, batch: list[dict[str, Any]]) -> dict[str, float]:
+        """AReaL's PPO step in a worker thread, then the new weights (next version) in the
+        inference engine: the next step's tokens carry that version."""
+        stats = await asyncio.to_thread(_ppo_step, policy.actor, batch, policy.ref)
+        version = policy.trainer.get_version() + 1
+        policy.trainer.set_version(version)
+        await asyncio.wrap_future(
+            policy.engine.update_weights_from_state_dict(policy.trainer.state_dict(), version)
+        )
+        return stats
+
+    def _record_step(
+        self,
+        monitor: TrainingMonitor,
+        summary: StepSummary,
+        stats: dict[str, float],
+        checkpoint: Path | None,
+    ) -> None:
+        monitor.step_finished(
+            summary.step,
+            stats,
+            reward_mean=summary.reward_mean,
+            reward_std=summary.reward_std,
+            num_trajectories=summary.episodes,
+            learning_rate=self.loaded.areal.actor.optimizer.lr,
+            grad_norm=summary.grad_norm,
+            checkpoint_path=str(checkpoint) if checkpoint is not None else None,
+            metrics={
+                "success_rate": summary.success_rate,
+                "rejected_groups": summary.rejected_groups,
+                "uniform_groups": summary.uniform_groups,
+            },
+            status="completed",
+        )
+
+    def _show_step(self, bar: tqdm[int], summary: StepSummary) -> None:
+        bar.set_postfix(
+            reward=f"{summary.reward_mean:+.2f}",
+            success=f"{summary.success_rate:.0%}",
+            loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
+        )
+        self._log(summary.table_row())
+
+    # ------------------------------------------------------------------ evaluation, checkpoint
+    async def _evaluate(
+        self, session: Session, report: TrainReport, kind: EvalKind, step: int
+    ) -> None:
+        result = await session.evaluation.run(session.policy.engine, kind=kind, step=step)
+        _keep_eval(report, result)
+        when = "baseline" if kind == "baseline" else f"eval after step {step}"
+        self._log(f"{when}: success {result.success_rate:.0%}")
 
     def _log(self, line: str) -> None:
         """Without progress bars (logs, ``bench/``), progress is a line per step and per
@@ -405,14 +477,14 @@ class EmbeddedTrainer:
         if not self.progress:
             print(line, flush=True)
 
-    async def _save(self, trainer_engine: Any, processor: Any) -> Path:
+    async def _save(self, policy: Policy) -> Path:
         from areal.api.io_struct import SaveLoadMeta
 
-        path = self.run_dir / "checkpoints" / _version_dir(trainer_engine)
+        path = self.run_dir / "checkpoints" / _version_dir(policy.trainer)
         meta = SaveLoadMeta(
-            path=str(path), weight_format="hf", with_optim=False, processor=processor
+            path=str(path), weight_format="hf", with_optim=False, processor=policy.processor
         )
-        await asyncio.to_thread(trainer_engine.save, meta)
+        await asyncio.to_thread(policy.trainer.save, meta)
         with contextlib.suppress(OSError):
             latest = self.run_dir / "checkpoints" / "latest"
             if latest.is_symlink() or latest.exists():

@@ -54,7 +54,7 @@ needs_desktop = pytest.mark.skipif(
     or not Path(default_server_python()).exists(),
     reason="local desktops need `source .ci/desktop.sh` (Xvfb, apps, .venv-desktop)",
 )
-pytestmark = [needs_desktop, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.desktop, needs_desktop, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

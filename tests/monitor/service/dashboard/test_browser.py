@@ -20,6 +20,8 @@ from cua_native.monitor.service.dashboard.app import create_app
 
 from .conftest import TOKEN  # type: ignore[import-not-found]
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = os.environ.get("CUA_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
