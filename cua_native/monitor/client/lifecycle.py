@@ -59,6 +59,7 @@ from typing import Any
 
 from cua_native.gym.protocol import Task
 from cua_native.monitor.client.recorder import Recorder
+from cua_native.rollout import logs
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +380,9 @@ class TrainingMonitor:
 
     def start(self) -> None:
         """Mark runs that died in this run directory failed, send again the ends of runs whose
-        last records were lost, then record this one running."""
+        last records were lost, then record this one running. Keeps ``cua_native``'s loggers
+        attached first (AReaL's logging set-up detaches them: ``rollout.logs``)."""
+        logs.install()
         for stale in self.ledger.unfinished():
             if stale != self.run_name:
                 self.recorder.training_abandoned(
