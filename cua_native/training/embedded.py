@@ -21,6 +21,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,13 @@ from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
 from cua_native.rollout.outcomes import TaskOutcomes
-from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
+from cua_native.rollout.records import (
+    EpisodeObserver,
+    EpisodeRecord,
+    EpisodeTally,
+    FanoutObserver,
+    NullObserver,
+)
 from cua_native.rollout.runtime import freeze_startup_heap
 from cua_native.training.task_order import TaskOrder
 
@@ -57,6 +64,22 @@ class StepSummary:
     near 0 when sampler and trainer see the same sequence under the same temperature."""
     adv_abs: float | None = None
     """Mean |advantage| over the step's output tokens (0 when every group had equal rewards)."""
+    rollout_seconds: float = 0.0
+    """Seconds the step's rollouts took: what a trainer on its own GPU would idle waiting."""
+    rejected_episodes: int = 0
+    """Episodes an infrastructure fault rejected (each retried on a fresh execution, or its
+    group dropped): never trained on."""
+    retries: int = 0
+    """Gym calls the client retried (5xx, dropped connections, timeouts of safe calls, 429)."""
+    retry_wait_s: float = 0.0
+    """Seconds the gym client waited before those retries (summed over concurrent calls)."""
+    rejected_s: float = 0.0
+    """Seconds the rejected episodes ran before they were rejected (summed over episodes)."""
+
+    @property
+    def rollout_share(self) -> float:
+        """Share of the step's time spent waiting for rollouts."""
+        return self.rollout_seconds / self.seconds if self.seconds > 0 else 0.0
 
     def table_row(self) -> str:
         """This step as a row under ``STEP_TABLE_HEADER``."""
@@ -68,16 +91,20 @@ class StepSummary:
             f"{self.step:>4} {self.episodes:>8} {self.success_rate:>8.0%} "
             f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
             f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
-            f"{self.seconds:>6.1f}"
+            f"{self.seconds:>6.1f} {self.rollout_share:>5.0%} {self.rejected_episodes:>4} "
+            f"{self.rejected_groups:>4} {self.retries:>5}"
         )
 
 
 STEP_TABLE_HEADER = (
     f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
     f"{'samples':>7} {'uniform':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
+    f" {'roll':>5} {'rej':>4} {'drop':>4} {'retry':>5}"
 )
 """Columns of the step table: what ``print_report`` prints at the end of a run and, without
-progress bars, the trainer prints as each step finishes."""
+progress bars, the trainer prints as each step finishes. ``roll``: the share of the step spent
+waiting for rollouts; ``rej``: episodes an infrastructure fault rejected; ``drop``: groups
+dropped for it; ``retry``: gym calls retried."""
 
 
 @dataclass(slots=True)
@@ -147,6 +174,25 @@ def _is_uniform(group: dict[str, Any]) -> bool:
     return not bool(group["rewards"].abs().max() > 1e-6)
 
 
+@dataclass(slots=True)
+class RejectedTime(NullObserver):
+    """An episode observer summing the seconds of the rejected episodes (their phases' time)."""
+
+    seconds: float = 0.0
+
+    def episode_finished(self, record: EpisodeRecord) -> None:
+        if record.outcome == "rejected":
+            self.seconds += sum(record.timings.values())
+
+
+def _call_stats(gym: Gym) -> tuple[int, float]:
+    """The gym client's retries and seconds waited so far (0 for gyms that keep none)."""
+    stats = getattr(gym, "call_stats", None)
+    if stats is None:
+        return 0, 0.0
+    return int(stats.retries), float(stats.wait_s)
+
+
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
     for key, value in stats.items():
         if key.endswith(suffix):
@@ -157,9 +203,21 @@ def _pick(stats: dict[str, float], suffix: str) -> float | None:
 class EmbeddedTrainer:
     """Owns the engines, the gym and the monitor for one embedded training run."""
 
-    def __init__(self, loaded: LoadedConfig, *, progress: bool = True) -> None:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        progress: bool = True,
+        engine_wrapper: Callable[[Any], Any] | None = None,
+        observers: Sequence[EpisodeObserver] = (),
+    ) -> None:
+        """``engine_wrapper`` wraps the in-process engine before any rollout uses it (the
+        chaos bench's inference faults, ``cua_native.engine.faults``); ``observers`` get every
+        episode's events besides the monitor's recorder."""
         self.loaded = loaded
         self.progress = progress
+        self.engine_wrapper = engine_wrapper
+        self.observers = tuple(observers)
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
         self._parse_errors: dict[int, float] = {}
@@ -244,6 +302,8 @@ class EmbeddedTrainer:
         engine = await asyncio.to_thread(
             InProcessEngine.from_pretrained, str(model_dir), device=cua.device, seed=areal.seed
         )
+        if self.engine_wrapper is not None:
+            engine = self.engine_wrapper(engine)
         model = await asyncio.to_thread(
             AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
         )
@@ -338,7 +398,7 @@ class EmbeddedTrainer:
                 source=source,
                 gym=gym,
                 processor=processor,
-                observer=FanoutObserver(monitor.recorder, *observers),
+                observer=FanoutObserver(monitor.recorder, *observers, *self.observers),
             )
 
         if cua.baseline and eval_tasks:
@@ -365,9 +425,13 @@ class EmbeddedTrainer:
             tasks = order.next_batch(batch_size)
             monitor.step_started(step)
             tally = EpisodeTally()
-            flow = workflow("step", [tally])
+            lost = RejectedTime()
+            calls = _call_stats(gym)
+            flow = workflow("step", [tally, lost])
             rows = [dict(task_row(t), global_step=step) for t in tasks]
             results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
+            rollout_seconds = time.perf_counter() - started
+            calls_after = _call_stats(gym)
             batch = [r for r in results if r is not None]
             rejected = len(results) - len(batch)
             uniform_flags = [_is_uniform(b) for b in batch]
@@ -384,6 +448,11 @@ class EmbeddedTrainer:
                 reward_std=tally.reward_std,
                 turns_mean=tally.turns_mean,
                 samples=sum(int(b["input_ids"].shape[0]) for b in batch),
+                rollout_seconds=rollout_seconds,
+                rejected_episodes=tally.rejected,
+                retries=calls_after[0] - calls[0],
+                retry_wait_s=calls_after[1] - calls[1],
+                rejected_s=lost.seconds,
             )
             stats: dict[str, float] = {}
             if batch:
@@ -416,6 +485,13 @@ class EmbeddedTrainer:
                     "success_rate": summary.success_rate,
                     "rejected_groups": summary.rejected_groups,
                     "uniform_groups": summary.uniform_groups,
+                    "rejected_episodes": summary.rejected_episodes,
+                    "reject_reasons": dict(tally.reject_reasons),
+                    "gym_retries": summary.retries,
+                    "gym_retry_wait_s": round(summary.retry_wait_s, 3),
+                    "rejected_episode_s": round(summary.rejected_s, 3),
+                    "rollout_s": round(summary.rollout_seconds, 3),
+                    "rollout_share": round(summary.rollout_share, 4),
                 },
                 status="completed",
             )
