@@ -97,8 +97,9 @@ def run_one(args: argparse.Namespace) -> int:
     from cua_native.config import load_config
     from cua_native.engine.faults import EngineFaults, FaultyEngine
     from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
-    from cua_native.training.embedded import EmbeddedTrainer, TrainReport
-    from cua_native.training.report import print_report
+    from cua_native.training.embedded.model import prepare_model
+    from cua_native.training.embedded.report import print_report
+    from cua_native.training.embedded.trainer import EmbeddedTrainer
 
     torch._dynamo.config.disable = True
     torch.set_num_threads(args.threads)
@@ -114,9 +115,7 @@ def run_one(args: argparse.Namespace) -> int:
     ]
     # the seed's warm start, built once in the seed's directory and reused by every level
     warm = load_config(None, [*common, f"cua.run_dir={run_dir.parent.parent / 'warm'}"])
-    model_dir = EmbeddedTrainer(warm, progress=False)._prepare_model(
-        TrainReport(run_dir=run_dir, model_dir=run_dir, monitor_url=None)
-    )
+    model_dir = prepare_model(warm, progress=False).path
     options = json.dumps({"timeouts": GYM_TIMEOUTS}).replace('"', "")
     loaded = load_config(
         None,
