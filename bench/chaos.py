@@ -548,8 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_one(args)
     if args.analyse:
         return 0 if analyse(Path(args.analyse))["ok"] else 1
-    if any(not 0.0 <= lv <= 1.0 for lv in args.levels) or 0.0 not in args.levels:
-        parser.error("--levels: shares in [0, 1], 0 among them (the fault-free pair)")
+    if any(not 0.0 <= lv <= 1.0 for lv in args.levels):
+        parser.error("--levels: shares in [0, 1] (0: the fault-free run each level is paired with)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -311,18 +311,20 @@ class FaultMiddleware:
             await self.app(scope, receive, send)
             return
         decision = self.injector.decide(route)
-        kind = decision.kind
+        crashed = False
+        if decision.crash and self.crash is not None:  # only a live execution can crash
+            parts = scope["path"].strip("/").split("/")  # api/v1/{gym}/executions/{id}/...
+            crashed = await self.crash(parts[2], parts[4])
+        kind = "crash" if crashed else decision.kind if decision.kind != "crash" else None
         if kind is not None:
             log.info("fault=%s route=%s path=%s", kind, route, scope["path"])
+        if crashed:
+            await _answer(send, 502, f"injected fault: the execution crashed on {route}")
+            return
         if decision.delay_s > 0:
             await asyncio.sleep(decision.delay_s)
         if decision.stall_s > 0:
             await asyncio.sleep(decision.stall_s)
-        if decision.crash and self.crash is not None:
-            parts = scope["path"].strip("/").split("/")  # api/v1/{gym}/executions/{id}/...
-            await self.crash(parts[2], parts[4])
-            await _answer(send, 502, f"injected fault: the execution crashed on {route}")
-            return
         if decision.drop:
             headers = [(b"content-type", b"application/json"), (b"content-length", b"64")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
