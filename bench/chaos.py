@@ -410,6 +410,10 @@ def analyse(out: Path) -> dict[str, Any]:
             "retry_wait_s": sum(st["retry_wait_s"] for st in steps),
             "rejected_s": sum(st["rejected_s"] for st in steps),
             "rollout_share": [st["rollout_share"] for st in steps],
+            "step_success": sum(st["success_rate"] for st in steps) / len(steps),
+            "step_turns": sum(st["turns_mean"] for st in steps) / len(steps),
+            "trained_samples": sum(st["samples"] for st in steps),
+            "final_episodes": sum(len(v) for v in pooled.values()),
             "damaged_executions": sum(r["damaged_executions"] for r in rows),
             "damaged_trained": sum(len(r["damaged_trained"]) for r in rows),
             "leaks": [r["leaks"] for r in rows],
@@ -440,6 +444,11 @@ def analyse(out: Path) -> dict[str, Any]:
             f"{entry['rejected_s']:.0f} s"
         )
         print(
+            f"        steps: success {entry['step_success']:.0%}, turns {entry['step_turns']:.2f}"
+            f" (completed episodes), {entry['trained_samples']} rows trained on; final"
+            f" evaluation over {entry['final_episodes']} completed episodes"
+        )
+        print(
             f"        rollout share of each step: mean {sum(share) / len(share):.0%}, "
             f"min {min(share):.0%}, max {max(share):.0%}; damaged executions "
             f"{entry['damaged_executions']}, of them trained on: {entry['damaged_trained']}; "
@@ -458,6 +467,10 @@ def analyse(out: Path) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, runs, out / "chaos.png")
     return summary
+
+
+def _colour(level: float) -> str:
+    return {0.0: "C0", 0.05: "C1", 0.2: "C3"}.get(round(level, 4), "C7")
 
 
 def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> None:
@@ -479,8 +492,8 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
             color="k",
             capsize=6,
         )
-        for seed, value in entry["per_seed"].items():
-            ax1.plot([i + 0.08], [value], "x", color=f"C{int(seed)}")
+        for value in entry["per_seed"].values():
+            ax1.plot([i + 0.08], [value], "x", color="grey")
     if "0.0" in summary["levels"]:
         lo, hi = summary["levels"]["0.0"]["interval"]
         ax1.axhspan(lo, hi, color="C0", alpha=0.12, label="fault-free 95 % interval")
@@ -492,13 +505,16 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
     for r in runs:
         ax2.plot(
             [st["rollout_share"] for st in r["steps"]],
-            color=f"C{levels.index(str(r['level'])) if str(r['level']) in levels else 0}",
+            color=_colour(r["level"]),
             alpha=0.7,
+            label=f"{r['level']:.0%}",
         )
+    handles, labels = ax2.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    ax2.legend(unique.values(), unique.keys(), title="faults per call")
     ax2.set_xlabel("step")
-    ax2.set_ylabel("rollout share of the step")
+    ax2.set_ylabel("rollout share of the step (one line per run)")
     ax2.set_ylim(0, 1)
-    ax2.set_title("lines: runs; colour: level (C0 0 %, C1 5 %, C2 20 %)", fontsize=8)
     width = 0.25
     for i, level in enumerate(levels):
         entry = summary["levels"][level]
@@ -508,7 +524,13 @@ def plot(summary: dict[str, Any], runs: list[dict[str, Any]], path: Path) -> Non
             entry["retries"],
             entry["damaged_trained"],
         ]
-        ax3.bar([x + i * width for x in range(4)], values, width, label=f"{float(level):.0%}")
+        ax3.bar(
+            [x + i * width for x in range(4)],
+            values,
+            width,
+            label=f"{float(level):.0%}",
+            color=_colour(float(level)),
+        )
     ax3.set_xticks(
         [x + width for x in range(4)],
         ["rejected\nepisodes", "dropped\ngroups", "gym\nretries", "damaged\ntrained on"],
