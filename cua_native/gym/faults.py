@@ -1,8 +1,11 @@
-"""Seeded fault injection for the gym server: latency, 5xx answers, dropped connections and a
-hanging create (the orphan scenario).
+"""Seeded fault injection for the gym server: latency, 5xx answers, dropped connections, a
+hanging create (the orphan scenario), and the chaos bench's environment faults: 429 with
+``Retry-After`` (throttling), stalls (a request that hangs before it runs) and crashes (the
+execution dies: closed on the server, the request answered 502, later requests 404).
 
-Every decision comes from a per-route ``random.Random`` seeded with ``(seed, route)``, so the n-th
-request to a route always gets the same fate, whatever the interleaving of other routes.
+Every decision comes from per-route ``random.Random`` streams seeded with ``(seed, route)``, so the
+n-th request to a route always gets the same fate, whatever the interleaving of other routes (the
+chaos faults draw from a stream of their own: adding them left the older fates unchanged).
 """
 
 from __future__ import annotations
@@ -70,6 +73,17 @@ class FaultProfile(BaseModel):
     drop_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
     """Share of requests whose connection is closed without an answer before the handler runs."""
     create_hang: CreateHang = Field(default_factory=CreateHang)
+    throttle_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
+    """Share of requests answered 429 with ``Retry-After: retry_after_s`` before the handler
+    runs."""
+    retry_after_s: int = Field(1, ge=0)
+    stall_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
+    """Share of requests that hang ``stall_s`` before the handler runs (past a client's timeout,
+    the client sees no answer; the handler still runs after the stall)."""
+    stall_s: float = Field(0.0, ge=0.0)
+    crash_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
+    """Share of requests to an execution (observation, actions, evaluate) whose execution
+    crashes: the server closes it and answers 502; later requests to it get 404."""
 
     @classmethod
     def load(cls, source: str | Path) -> FaultProfile:
@@ -137,6 +151,26 @@ class FaultDecision:
     delay_s: float = 0.0
     error: bool = False
     drop: bool = False
+    throttle: bool = False
+    stall_s: float = 0.0
+    crash: bool = False
+
+    @property
+    def kind(self) -> str | None:
+        """The fault that decides the answer (``None``: the request runs, perhaps late)."""
+        for kind, hit in (
+            ("crash", self.crash),
+            ("drop", self.drop),
+            ("error", self.error),
+            ("throttle", self.throttle),
+        ):
+            if hit:
+                return kind
+        return "stall" if self.stall_s > 0 else None
+
+
+EXECUTION_ROUTES: frozenset[Route] = frozenset({"observation", "actions", "evaluate"})
+"""Routes of a live execution: the ones a crash can hit."""
 
 
 class FaultInjector:
@@ -145,6 +179,7 @@ class FaultInjector:
     def __init__(self, profile: FaultProfile) -> None:
         self.profile = profile
         self._rngs = {route: random.Random(f"{profile.seed}:{route}") for route in ROUTES}
+        self._chaos = {route: random.Random(f"{profile.seed}:{route}:chaos") for route in ROUTES}
         self._hang_rng = random.Random(f"{profile.seed}:create_hang")
         self._creates = 0
 
@@ -155,10 +190,15 @@ class FaultInjector:
         delay = 0.0
         if p.latency_routes is None or route in p.latency_routes:
             delay = p.latency.fixed_s + jitter * p.latency.jitter_s
+        chaos = self._chaos[route]
+        throttle, stall, crash = chaos.random(), chaos.random(), chaos.random()
         return FaultDecision(
             delay_s=delay,
             drop=drop < p.share_of(p.drop_share, route),
             error=fail < p.share_of(p.error_share, route),
+            throttle=throttle < p.share_of(p.throttle_share, route),
+            stall_s=p.stall_s if stall < p.share_of(p.stall_share, route) else 0.0,
+            crash=route in EXECUTION_ROUTES and crash < p.share_of(p.crash_share, route),
         )
 
     def create_hang_s(self) -> float:

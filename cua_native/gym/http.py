@@ -110,9 +110,31 @@ class RetryPolicy:
     backoff_s: float = 0.5
     backoff_max_s: float = 8.0
     retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
+    throttle_retries: int = 3
+    """Extra tries of any call answered 429 (the server did nothing: safe on every route),
+    each after the answer's ``Retry-After`` (capped at ``backoff_max_s``; the backoff when
+    it has none)."""
 
     def delay(self, attempt: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** (attempt - 1))
+
+    def retry_after(self, response: httpx.Response, attempt: int) -> float:
+        """Seconds to wait before retrying a 429 answer."""
+        try:
+            seconds = float(response.headers.get("retry-after", ""))
+        except ValueError:
+            return self.delay(attempt)
+        return min(self.backoff_max_s, max(0.0, seconds))
+
+
+@dataclass(slots=True)
+class CallStats:
+    """What a client's calls met: retries and the seconds spent waiting before them, 429s.
+    Monotonic counters: a reader takes differences (the embedded trainer, per step)."""
+
+    retries: int = 0
+    throttled: int = 0
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +206,7 @@ class HttpGym:
             ),
         )
         self._background: set[asyncio.Task[None]] = set()
+        self.call_stats = CallStats()
         self._closed = False
         self.held_at_close: int | None = None
         """Set by ``aclose``: executions the server still held from this client's creates, once
@@ -210,8 +233,11 @@ class HttpGym:
             raise GymUnavailable(f"{call.route}: HttpGym for {self.gym_id!r} is closed")
         timeout = httpx.Timeout(call.timeout, connect=self.timeouts.connect)
         attempts = max(1, self.retries.attempts)
-        for attempt in range(1, attempts + 1):
+        attempt = throttles = 0
+        while True:
+            attempt += 1
             error: GymError
+            wait: float | None = None
             try:
                 response = await self._client.request(
                     method, self._url(path), json=body, timeout=timeout, headers=self._headers
@@ -230,13 +256,26 @@ class HttpGym:
                     return response
                 error = _http_error(response, call)
                 retry = call.retry and response.status_code in self.retries.retry_statuses
-            if not retry or attempt == attempts:
+                if response.status_code == 429:
+                    self.call_stats.throttled += 1
+                    throttles += 1
+                    retry = throttles <= self.retries.throttle_retries
+                    wait = self.retries.retry_after(response, throttles)
+                    attempt -= 1  # a refused call is not one of the route's attempts
+            if not retry or attempt >= attempts:
                 raise error
+            wait = self.retries.delay(attempt) if wait is None else wait
             log.info(
-                "%s failed (attempt %d/%d), retrying: %s", call.route, attempt, attempts, error
+                "%s failed (attempt %d/%d), retrying in %.1f s: %s",
+                call.route,
+                attempt,
+                attempts,
+                wait,
+                error,
             )
-            await asyncio.sleep(self.retries.delay(attempt))
-        raise AssertionError("unreachable")
+            self.call_stats.retries += 1
+            self.call_stats.wait_s += wait
+            await asyncio.sleep(wait)
 
     async def _json(
         self, method: str, path: str, call: _Call, body: dict[str, Any] | None = None
@@ -415,8 +454,10 @@ class HttpExecution:
         )
 
     async def act(self, action: Action) -> StepResult:
-        """Never retried once sent. A 4xx other than 404 means the gym refused the action: that
-        is an ``ok=False`` result for the agent, and the execution stays usable."""
+        """Never retried once sent (a 429 is: nothing ran). A 4xx other than 404 and 429 means
+        the gym refused the action: that is an ``ok=False`` result for the agent, and the
+        execution stays usable. A 429 still refused after the client's tries is the gym's
+        failure, never the agent's: it raises (the episode is rejected, not trained on)."""
         self._check_open("actions")
         call = _Call("actions", self.gym.timeouts.act, False, ExecutionNotFound)
         body = {"action": action_to_json(action)}
@@ -427,7 +468,7 @@ class HttpExecution:
         except ExecutionNotFound:
             raise
         except GymHTTPError as exc:
-            if 400 <= exc.status < 500:
+            if 400 <= exc.status < 500 and exc.status != 429:
                 return StepResult(ok=False, error=f"gym refused the action: {exc.detail}")
             raise
         return await asyncio.to_thread(

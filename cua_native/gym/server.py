@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +132,7 @@ class GymServerState:
     created: list[tuple[str, str]] = field(default_factory=list)
     closed: Counter[tuple[str, str]] = field(default_factory=Counter)
     reaped: list[tuple[str, str]] = field(default_factory=list)
+    crashed: list[tuple[str, str]] = field(default_factory=list)
     """Creations closed by the server because they finished after every client's deadline."""
     expired: list[tuple[str, str]] = field(default_factory=list)
     """Executions closed by the idle reaper."""
@@ -166,6 +167,19 @@ class GymServerState:
         finally:
             live.busy -= 1
             live.last_used = self.clock()
+
+    async def crash(self, gym_id: str, execution_id: str) -> bool:
+        """An injected crash: the execution dies (closed, forgotten; later requests get 404).
+        Returns whether it was live."""
+        key = (gym_id, execution_id)
+        live = self.live.pop(key, None)
+        if live is None:
+            return False
+        if live.request_key is not None:
+            self.by_request.pop(live.request_key, None)
+        self.crashed.append(key)
+        await self.close_execution(key, live.execution)
+        return True
 
     async def reap_idle(self) -> list[tuple[str, str]]:
         """Close executions idle for longer than ``limits.idle_ttl_s``; forget request ids of
@@ -275,12 +289,21 @@ class FaultMiddleware:
     """ASGI middleware applying a ``FaultInjector`` before the routes run.
 
     A drop sends the status line and headers announcing a body, then returns without the body:
-    uvicorn then closes the socket, and the client sees a connection cut mid-answer.
+    uvicorn then closes the socket, and the client sees a connection cut mid-answer. A throttle
+    answers 429 with ``Retry-After``; a stall waits before the route runs; a crash closes the
+    execution through ``crash(gym_id, execution_id)`` and answers 502. Every injected fault is
+    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/chaos.py`` counts).
     """
 
-    def __init__(self, app: ASGIApp, injector: FaultInjector) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        injector: FaultInjector,
+        crash: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
         self.app = app
         self.injector = injector
+        self.crash = crash
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = _route_of(scope.get("method", ""), scope.get("path", ""))
@@ -288,21 +311,44 @@ class FaultMiddleware:
             await self.app(scope, receive, send)
             return
         decision = self.injector.decide(route)
+        crashed = False
+        if decision.crash and self.crash is not None:  # only a live execution can crash
+            parts = scope["path"].strip("/").split("/")  # api/v1/{gym}/executions/{id}/...
+            crashed = await self.crash(parts[2], parts[4])
+        kind = "crash" if crashed else decision.kind if decision.kind != "crash" else None
+        if kind is not None:
+            log.info("fault=%s route=%s path=%s", kind, route, scope["path"])
+        if crashed:
+            await _answer(send, 502, f"injected fault: the execution crashed on {route}")
+            return
         if decision.delay_s > 0:
             await asyncio.sleep(decision.delay_s)
+        if decision.stall_s > 0:
+            await asyncio.sleep(decision.stall_s)
         if decision.drop:
-            log.info("fault: dropping %s %s", scope["method"], scope["path"])
             headers = [(b"content-type", b"application/json"), (b"content-length", b"64")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             return
         if decision.error:
             status = self.injector.profile.error_status
-            body = json.dumps({"detail": f"injected fault: HTTP {status} on {route}"}).encode()
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await _answer(send, status, f"injected fault: HTTP {status} on {route}")
+            return
+        if decision.throttle:
+            retry_after = str(self.injector.profile.retry_after_s).encode()
+            await _answer(
+                send, 429, f"injected fault: throttled on {route}", [(b"retry-after", retry_after)]
+            )
             return
         await self.app(scope, receive, send)
+
+
+async def _answer(
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    head = [(b"content-type", b"application/json"), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _json_object(request: Request, *, allow_empty: bool) -> dict[str, Any]:
@@ -394,7 +440,7 @@ def create_app(
     app = FastAPI(title="cua_native gym server", lifespan=lifespan)
     app.state.gym_server = state
     if state.injector is not None:
-        app.add_middleware(FaultMiddleware, injector=state.injector)
+        app.add_middleware(FaultMiddleware, injector=state.injector, crash=state.crash)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     if limits.auth_token is not None:
         app.add_middleware(BearerAuth, token=limits.auth_token)  # outermost: checked first
@@ -443,7 +489,7 @@ def create_app(
     ) -> str:
         hang = state.injector.create_hang_s() if state.injector else 0.0
         if hang:
-            log.info("fault: create of %s hangs %.2f s", task.task_id, hang)
+            log.info("fault=slow_create route=create path=%s seconds=%.2f", task.task_id, hang)
             await asyncio.sleep(hang)
         execution = await gym.start(task, options)
         key = (gym_id, execution.execution_id)

@@ -33,9 +33,11 @@ Use from synchronous code (an AReaL ``PPOTrainer`` subclass)::
 From async code, ``async with monitor:`` also starts and closes the recorder, makes SIGTERM
 cancel the current task, and reports what is still undelivered.
 
-A run directory keeps a ledger of the runs started in it (``monitor_runs.jsonl``). A run that
-never reached its end (``kill -9``, power loss) is marked ``failed`` by the next run that starts
-in the same directory; a run that ended but whose last records were lost (a disk full to the
+A run directory keeps a ledger of the runs started in it (``monitor_runs.jsonl``) and, per
+running process, a journal of the records it opened (``journal.py``). A run that never reached
+its end (``kill -9``, power loss) is closed by the next run that starts in the same directory:
+its records, in every store, get their last journaled state, open ones ``interrupted`` (without
+a journal the run is marked ``failed``); a run that ended but whose last records were lost (a disk full to the
 end) gets its end sent again by the next run (``RunLedger``); every run gets a fresh run name,
 so reruns never mix.
 """
@@ -58,7 +60,9 @@ from types import TracebackType
 from typing import Any
 
 from cua_native.gym.protocol import Task
+from cua_native.monitor.client import journal
 from cua_native.monitor.client.recorder import Recorder
+from cua_native.rollout import logs
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ def _exit_status(exc: BaseException | None) -> tuple[str, str | None]:
     return "failed", f"{type(exc).__name__}: {exc}"
 
 
-ENDED = ("completed", "failed", "cancelled")
+ENDED = ("completed", "failed", "cancelled", "interrupted")
 SLOT_BYTES = 512
 """Room kept in the ledger, behind a run's start, for its end (``RunLedger.start``)."""
 
@@ -378,14 +382,25 @@ class TrainingMonitor:
     # --- start and end ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Mark runs that died in this run directory failed, send again the ends of runs whose
-        last records were lost, then record this one running."""
+        """Close what runs that died in this run directory left open: each record of theirs
+        gets, in every store, its last journaled state, open ones ``interrupted``
+        (``journal.recover``); a dead run without a journal is marked failed. Then send again
+        the ends of runs whose last records were lost, and record this one running. Keeps ``cua_native``'s loggers
+        attached first (AReaL's logging set-up detaches them: ``rollout.logs``)."""
+        logs.install()
+        recovered = journal.recover(self.recorder.run_dir, self.run_name, _alive)
+        if recovered.rows:
+            self.recorder.adopt(recovered)
         for stale in self.ledger.unfinished():
-            if stale != self.run_name:
-                self.recorder.training_abandoned(
-                    stale, "the process ended without closing the run (killed?)"
-                )
-                self.ledger.write(stale, "failed")
+            if stale == self.run_name:
+                continue
+            if stale in recovered.runs:  # its journal closed it, records and all
+                self.ledger.write(stale, journal.INTERRUPTED)
+                continue
+            self.recorder.training_abandoned(
+                stale, "the process ended without closing the run (killed?)"
+            )
+            self.ledger.write(stale, "failed")
         for ended in self.ledger.ends_to_resend():
             if ended["run_name"] != self.run_name:
                 self.recorder.training_end_resent(

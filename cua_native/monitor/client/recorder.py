@@ -11,6 +11,7 @@ disk while its sink is down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import logging
@@ -26,6 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 from cua_native.gym.protocol import Screenshot, Task
 from cua_native.monitor.client import events
 from cua_native.monitor.client.events import TRAINING, Row, utc_now
+from cua_native.monitor.client.journal import OpenJournal, Recovered
 from cua_native.monitor.client.sinks import HttpSink, Sink, SqlSink
 from cua_native.monitor.client.spill import SinkChannel
 from cua_native.monitor.screenshots import data_uri
@@ -90,6 +92,9 @@ class Recorder:
             for sink in sinks
         ]
         self._queue: deque[Row] = deque()
+        self._journal = OpenJournal(self.run_dir, self.run_name) if sinks else None
+        self._adopted: list[Path] = []
+        """Journals of dead runs whose rows are queued here: removed once journaled again."""
         self._lock = threading.Lock()
         self._counts = {"queued": 0, "dropped": 0, "errors": 0}
         self._seq = events.SeqClock()
@@ -144,6 +149,8 @@ class Recorder:
         for channel, result in zip(self._channels, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("monitor sink %s: close failed: %r", channel.sink.name, result)
+        if self._journal is not None:  # the run's ends are delivered or spilled
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._journal.finish)
         self._state = "closed"
 
     def undelivered(self) -> list[str]:
@@ -211,7 +218,7 @@ class Recorder:
 
     # --- queueing ----------------------------------------------------------------------------
 
-    def _put(self, rows: list[Row]) -> None:
+    def _put(self, rows: list[Row], adopted: Sequence[Path] = ()) -> None:
         with self._lock:
             if self._state in ("closing", "closed") or (
                 len(self._queue) + len(rows) > self.queue_size
@@ -222,6 +229,7 @@ class Recorder:
             for row in rows:
                 row.seq = self._seq()
             self._queue.extend(rows)
+            self._adopted.extend(adopted)
             self._counts["queued"] += len(rows)
             wake = len(self._queue) >= self.batch_size and not self._signalled
             if wake:
@@ -253,6 +261,7 @@ class Recorder:
             rows = list(self._queue)
             self._queue.clear()
             self._signalled = False
+            adopted, self._adopted = self._adopted, []
         if not rows or not self._channels:
             return
         with_images = [row for row in rows if row.screenshot is not None]
@@ -266,6 +275,11 @@ class Recorder:
                 row.screenshot = None
         for row in rows:
             _sanitize(row.fields)
+        if self._journal is not None:  # before any sink: what a store holds, the journal has
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._journal.append, rows)
+            if adopted and not self._journal.broken:
+                await loop.run_in_executor(self._executor, _unlink_all, adopted)
         for channel in self._channels:
             channel.submit(rows)
 
@@ -400,6 +414,12 @@ class Recorder:
         if message:
             fields["status_message"] = message
         self._training(fields)
+
+    @_never_raises
+    def adopt(self, recovered: Recovered) -> None:
+        """Send the records of dead runs as their journals left them (``journal.recover``);
+        their journals go once this recorder's own journal holds the rows."""
+        self._put(recovered.rows, adopted=recovered.journals)
 
     @_never_raises
     def training_abandoned(self, run_name: str, message: str) -> None:
@@ -634,6 +654,12 @@ def _screenshot_uri(shot: Screenshot) -> str:
     buffer = io.BytesIO()
     shot.image.save(buffer, format="PNG", compress_level=1)
     return data_uri(buffer.getvalue())
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def recorder_from_config(

@@ -36,7 +36,14 @@ from cua_native.monitor.db.tally import (
     share_of,
 )
 
-__all__ = ["ENDED_TRAINING", "TERMINAL_ROLLOUT", "Progress", "close_children", "ended_trainings_of"]
+__all__ = [
+    "CLOSED_ENVIRONMENT",
+    "ENDED_TRAINING",
+    "TERMINAL_ROLLOUT",
+    "Progress",
+    "close_children",
+    "ended_trainings_of",
+]
 
 
 class Progress:
@@ -260,8 +267,9 @@ class Progress:
             self.connection.execute(update(table).where(table.c.id == row["id"]).values(changed))
 
 
-ENDED_TRAINING = ("completed", "failed", "cancelled")
-OPEN_ENVIRONMENT = Environment.status.not_in(("terminated", "error")) | Environment.status.is_(None)
+ENDED_TRAINING = ("completed", "failed", "cancelled", "interrupted")
+CLOSED_ENVIRONMENT = ("terminated", "error", "interrupted")
+OPEN_ENVIRONMENT = Environment.status.not_in(CLOSED_ENVIRONMENT) | Environment.status.is_(None)
 
 
 UNTRAINED_STEP = ("pending", "rollout_collecting", "rollout_running")

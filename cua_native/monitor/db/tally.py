@@ -36,7 +36,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from cua_native.monitor.db.bulk import chunks
 from cua_native.monitor.db.schema import Rollout, StepGroup
 
-TERMINAL_ROLLOUT = ("completed", "failed", "cancelled")
+TERMINAL_ROLLOUT = ("completed", "failed", "cancelled", "interrupted")
 SHARE_COLUMNS = tuple(
     Rollout.__table__.c[name]
     for name in ("source_type", "step_id", "status", "reward", "group_id", "group")

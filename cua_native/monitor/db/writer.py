@@ -23,6 +23,7 @@ from sqlalchemy import Connection, and_, insert, select
 
 from cua_native.monitor.db.bulk import chunks, insert_rows, rows_where_in, update_rows
 from cua_native.monitor.db.progress import (
+    CLOSED_ENVIRONMENT,
     ENDED_TRAINING,
     TERMINAL_ROLLOUT,
     Progress,
@@ -272,7 +273,7 @@ class BatchWriter:
             status = row.state.get("status")
             if model is Rollout and status not in TERMINAL_ROLLOUT:
                 rollouts.add(row.id)
-            elif model is Environment and status not in ("terminated", "error"):
+            elif model is Environment and status not in CLOSED_ENVIRONMENT:
                 if row.state.get("rollout_id") is not None:
                     rollouts.add(row.state["rollout_id"])
         if rollouts:

@@ -20,7 +20,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
-from cua_native.rollout.records import EpisodeTally, FanoutObserver
+from cua_native.rollout.records import (
+    EpisodeObserver,
+    EpisodeRecord,
+    EpisodeTally,
+    FanoutObserver,
+    NullObserver,
+)
 from cua_native.rollout.runtime import freeze_startup_heap
 from cua_native.training.embedded.evaluation import (
     EvalKind,
@@ -71,6 +77,24 @@ class StepSummary:
     near 0 when sampler and trainer see the same sequence under the same temperature."""
     adv_abs: float | None = None
     """Mean |advantage| over the step's output tokens (0 when every group had equal rewards)."""
+    rollout_seconds: float = 0.0
+    """Seconds the step's rollouts took: what a trainer on its own GPU would idle waiting."""
+    rejected_episodes: int = 0
+    """Episodes an infrastructure fault rejected (each retried on a fresh execution, or its
+    group dropped): never trained on."""
+    retries: int = 0
+    """Gym calls the client retried (5xx, dropped connections, timeouts of safe calls, 429)."""
+    retry_wait_s: float = 0.0
+    """Seconds the gym client waited before those retries (summed over concurrent calls)."""
+    rejected_s: float = 0.0
+    """Seconds the rejected episodes ran before they were rejected (summed over episodes)."""
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+    """The rejected episodes by reason."""
+
+    @property
+    def rollout_share(self) -> float:
+        """Share of the step's time spent waiting for rollouts."""
+        return self.rollout_seconds / self.seconds if self.seconds > 0 else 0.0
 
     def table_row(self) -> str:
         """This step as a row under ``STEP_TABLE_HEADER``."""
@@ -82,16 +106,20 @@ class StepSummary:
             f"{self.step:>4} {self.episodes:>8} {self.success_rate:>8.0%} "
             f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
             f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
-            f"{self.seconds:>6.1f}"
+            f"{self.seconds:>6.1f} {self.rollout_share:>5.0%} {self.rejected_episodes:>4} "
+            f"{self.rejected_groups:>4} {self.retries:>5}"
         )
 
 
 STEP_TABLE_HEADER = (
     f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
     f"{'samples':>7} {'uniform':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
+    f" {'roll':>5} {'rej':>4} {'drop':>4} {'retry':>5}"
 )
 """Columns of the step table: what ``print_report`` prints at the end of a run and, without
-progress bars, the trainer prints as each step finishes."""
+progress bars, the trainer prints as each step finishes. ``roll``: the share of the step spent
+waiting for rollouts; ``rej``: episodes an infrastructure fault rejected; ``drop``: groups
+dropped for it; ``retry``: gym calls retried."""
 
 
 @dataclass(slots=True)
@@ -158,6 +186,25 @@ def _eval_due(every: int, step: int, total_steps: int) -> bool:
     return every > 0 and ((step + 1) % every == 0 or step + 1 == total_steps)
 
 
+@dataclass(slots=True)
+class RejectedTime(NullObserver):
+    """An episode observer summing the seconds of the rejected episodes (their phases' time)."""
+
+    seconds: float = 0.0
+
+    def episode_finished(self, record: EpisodeRecord) -> None:
+        if record.outcome == "rejected":
+            self.seconds += sum(record.timings.values())
+
+
+def _call_stats(gym: Gym) -> tuple[int, float]:
+    """The gym client's retries and seconds waited so far (0 for gyms that keep none)."""
+    stats = getattr(gym, "call_stats", None)
+    if stats is None:
+        return 0, 0.0
+    return int(stats.retries), float(stats.wait_s)
+
+
 def _keep_eval(report: TrainReport, result: EvalResult) -> None:
     """An evaluation's figures in the report, under its step (the baseline: -1)."""
     point = -1 if result.kind == "baseline" else result.step
@@ -209,9 +256,21 @@ class Session:
 class EmbeddedTrainer:
     """Owns the engines, the gym and the monitor for one embedded training run."""
 
-    def __init__(self, loaded: LoadedConfig, *, progress: bool = True) -> None:
+    def __init__(
+        self,
+        loaded: LoadedConfig,
+        *,
+        progress: bool = True,
+        engine_wrapper: Callable[[Any], Any] | None = None,
+        observers: Sequence[EpisodeObserver] = (),
+    ) -> None:
+        """``engine_wrapper`` wraps the in-process engine before any rollout uses it (the
+        chaos bench's inference faults, ``cua_native.engine.faults``); ``observers`` get every
+        episode's events besides the monitor's recorder."""
         self.loaded = loaded
         self.progress = progress
+        self.engine_wrapper = engine_wrapper
+        self.observers = tuple(observers)
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
 
@@ -305,6 +364,8 @@ class EmbeddedTrainer:
         async with contextlib.AsyncExitStack() as cleanup:
             engine = await load_inference_engine(self.loaded, start.path)
             cleanup.push_async_callback(asyncio.to_thread, engine.destroy)
+            if self.engine_wrapper is not None:
+                engine = self.engine_wrapper(engine)
             policy = await self._load_policy(start.path, engine)
             gym = make_gym(cua.agent.gym)
             cleanup.push_async_callback(gym.aclose)
@@ -381,13 +442,15 @@ class EmbeddedTrainer:
 
         cua = self.loaded.cua
         session.monitor.step_started(step)
-        tally = EpisodeTally()
+        started = time.perf_counter()
+        tally, lost = EpisodeTally(), RejectedTime()
+        calls = _call_stats(session.gym)
         workflow = CUAAgentWorkflow(
             cua.agent,
             source="step",
             gym=session.gym,
             processor=session.policy.processor,
-            observer=FanoutObserver(session.monitor.recorder, tally),
+            observer=FanoutObserver(session.monitor.recorder, tally, lost, *self.observers),
             skip_uniform_groups=cua.skip_uniform_groups,
         )
         rows = [dict(session.task_row(task), global_step=step) for task in tasks]
@@ -397,6 +460,8 @@ class EmbeddedTrainer:
             )
         finally:
             await workflow.aclose()
+        rollout_seconds = time.perf_counter() - started
+        calls_after = _call_stats(session.gym)
         batch = [group.rows for group in groups if group.rows is not None]
         summary = StepSummary(
             step=step,
@@ -408,6 +473,12 @@ class EmbeddedTrainer:
             reward_std=tally.reward_std,
             turns_mean=tally.turns_mean,
             samples=sum(int(rows["input_ids"].shape[0]) for rows in batch),
+            rollout_seconds=rollout_seconds,
+            rejected_episodes=tally.rejected,
+            reject_reasons=dict(tally.reject_reasons),
+            retries=calls_after[0] - calls[0],
+            retry_wait_s=calls_after[1] - calls[1],
+            rejected_s=lost.seconds,
         )
         stats: dict[str, float] = {}
         if batch:
@@ -450,6 +521,13 @@ class EmbeddedTrainer:
                 "success_rate": summary.success_rate,
                 "rejected_groups": summary.rejected_groups,
                 "uniform_groups": summary.uniform_groups,
+                "rejected_episodes": summary.rejected_episodes,
+                "reject_reasons": summary.reject_reasons,
+                "gym_retries": summary.retries,
+                "gym_retry_wait_s": round(summary.retry_wait_s, 3),
+                "rejected_episode_s": round(summary.rejected_s, 3),
+                "rollout_s": round(summary.rollout_seconds, 3),
+                "rollout_share": round(summary.rollout_share, 4),
             },
             status="completed",
         )

@@ -28,7 +28,6 @@ from recorder_kit import (
 from sqlalchemy import select
 
 from cua_native.gym.protocol import Screenshot
-from cua_native.monitor.client import spill as spill_module
 from cua_native.monitor.client.drain import drain
 from cua_native.monitor.client.events import Row
 from cua_native.monitor.client.lifecycle import LEDGER, RunLedger, TrainingMonitor, new_run_name
@@ -199,10 +198,6 @@ async def test_disk_full_keeps_rows_in_memory_and_never_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cua_native.monitor")
-    # AReaL's getLogger (called by tests earlier in the process) swaps logging's manager and
-    # disables existing loggers: listen on the spill module's own logger, whatever its root
-    monkeypatch.setattr(spill_module.log, "disabled", False)
-    monkeypatch.setattr(spill_module.log, "handlers", [*spill_module.log.handlers, caplog.handler])
     sink = SwitchSink(store)
     recorder = Recorder([sink], run_dir=tmp_path / "run", **FAST)
 
