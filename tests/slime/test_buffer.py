@@ -229,9 +229,10 @@ def test_buffer_command_serves_until_stopped(tmp_path: Path) -> None:
         "0",
     ]
     command += [f"cua.run_dir={tmp_path / 'run'}", "cua.monitor_db=sqlite"]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-    )
+    # stderr to a file, never an unread pipe: a child that logs more than a pipe holds would
+    # block before it prints the ready line
+    errors = (tmp_path / "stderr.log").open("w")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
         ready = selectors.DefaultSelector()
@@ -239,7 +240,7 @@ def test_buffer_command_serves_until_stopped(tmp_path: Path) -> None:
         assert ready.select(timeout=600.0), "the buffer printed nothing in 10 minutes"
         line = proc.stdout.readline().strip()  # the ready line, or EOF if it died
         assert line.startswith("rollout buffer on http://127.0.0.1:"), (
-            proc.stderr.read() if proc.stderr else line
+            line or (tmp_path / "stderr.log").read_text()[-4000:]
         )
         answer = httpx.post(
             f"{line.rsplit(' ', 1)[1]}/get_rollout_data", json={}, timeout=60.0
@@ -252,5 +253,6 @@ def test_buffer_command_serves_until_stopped(tmp_path: Path) -> None:
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
+            errors.close()
     assert proc.returncode == 0
     assert (tmp_path / "run" / "monitor.db").is_file()  # the recorder opened the run's store
