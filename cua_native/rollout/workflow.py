@@ -13,6 +13,15 @@ The workflow is built from plain, serializable kwargs (AReaL may construct it in
 worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
 are created lazily on first use, once per running event loop.
 
+Credit switches (``AgentConfig.credit``, all off by default; ``docs/design-notes.md#per-step-credit``):
+branching rollouts fork episodes into same-state siblings (``rollout/branching.py``) and the
+rows carry per-turn advantages of the tree of siblings; anchor-state groups add GiGPO's
+step-level advantage (``rollout/credit.py``); success replay mixes a stored success into a
+group without one (``rollout/replay.py``); dynamic sampling returns ``None`` for a group whose
+advantages are all 0 (AReaL's executor then draws another task). ``arun_group`` is the one
+implementation; ``arun_episode`` is AReaL's view of it. The same code runs in the embedded
+trainer and in AReaL's rollout workers.
+
 On an AReaL remote engine (the cluster path) ``arun_episode`` first installs
 ``cua_native.engine.remote``'s backend: each turn's prompt is checked against what the server
 reports (a mismatch rejects the episode as ``token_mismatch``), and a vLLM chat turn aborted by
@@ -23,6 +32,7 @@ engine also gets its configured staleness limits back (``cua_native.engine.capac
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -42,8 +52,10 @@ from cua_native.engine.capacity import keep_configured_limits
 from cua_native.engine.remote import prepare_remote_engine
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
+from cua_native.rollout.branching import Brancher, BranchTally
 from cua_native.rollout.config import AgentConfig
-from cua_native.rollout.episode import Engine, EpisodeRun, run_with_retry
+from cua_native.rollout.credit import OrphanBranch
+from cua_native.rollout.episode import Engine, Episode, EpisodeRun, run_with_retry
 from cua_native.rollout.factories import (
     load_processor,
     make_agent,
@@ -54,8 +66,9 @@ from cua_native.rollout.factories import (
 )
 from cua_native.rollout.pause_clock import PauseClock, engine_pause_probe
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.replay import ReplayBuffer
 from cua_native.rollout.shared import PROCESS_RESOURCES
-from cua_native.rollout.trajectory import VisionTokens, group_samples
+from cua_native.rollout.trajectory import VisionTokens, credit_rewards, group_samples
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +104,8 @@ class _Resources:
     clocks: dict[int, PauseClock] = field(default_factory=dict)
     http: httpx.AsyncClient | None = None
     """The prompt builder's client for screenshot URLs (``factories.media_client``), or None."""
+    replay: ReplayBuffer | None = None
+    """The process's success buffer (``credit.replay``) when the caller gave none."""
 
     def clock_for(self, engine: Any) -> Callable[[], float]:
         """The episodes' clock for ``engine``: it stands still while the trainer holds the
@@ -123,6 +138,38 @@ class _Resources:
             close()
 
 
+FLAT_EPS = 1e-6
+"""A group whose rows' advantages are all within this of 0 carries no signal."""
+
+
+@dataclass(slots=True)
+class GroupOutcome:
+    """A group's rows (``None``: rejected, or no turns) and what the credit switches did."""
+
+    samples: dict[str, Any] | None
+    flat: bool = False
+    """Every row's advantage is 0: no gradient (``credit.dynamic_sampling`` drops it)."""
+    runs: list[EpisodeRun] = field(default_factory=list)
+    branch: BranchTally = field(default_factory=BranchTally)
+    replayed: int = 0
+    """Replayed episodes mixed in (``credit.replay``)."""
+    replayed_rows: int = 0
+    anchor_groups: int = 0
+
+    @property
+    def env_steps(self) -> int:
+        """Environment steps the group played (model turns of played episodes, siblings
+        included; replayed episodes cost none)."""
+        return sum(len(r.record.turns) for r in self.runs if not r.record.replayed)
+
+    @property
+    def root_successes(self) -> list[bool]:
+        """Success of each played root episode (what plain GRPO would have played)."""
+        return [
+            r.record.success for r in self.runs if r.record.origin is None and not r.record.replayed
+        ]
+
+
 class CUAAgentWorkflow(RolloutWorkflow):
     """Groups of computer-use episodes → per-turn AReaL training rows."""
 
@@ -135,10 +182,14 @@ class CUAAgentWorkflow(RolloutWorkflow):
         gym: Gym | None = None,
         processor: Any = None,
         observer: EpisodeObserver | None = None,
+        replay: ReplayBuffer | None = None,
     ) -> None:
         """``config`` and ``observer_factory`` (an import path of a zero-argument callable that
         returns an ``EpisodeObserver``) are serializable; ``gym``, ``processor`` and ``observer``
-        let in-process callers share live objects (the caller then owns and closes the gym)."""
+        let in-process callers share live objects (the caller then owns and closes the gym);
+        ``replay`` is the success buffer of ``credit.replay`` (default: one per process and
+        config, shared by AReaL's workflow objects)."""
+        self._given_replay = replay
         self.config = (
             config if isinstance(config, AgentConfig) else AgentConfig.model_validate(config or {})
         )
@@ -194,6 +245,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             pixel_dtype=model_dtype(model_path),
             owns_observer=self._given_observer is None and observer is not None,
             http=http,
+            replay=ReplayBuffer(self.config.credit.replay),
         )
 
     async def aclose(self) -> None:
@@ -205,6 +257,15 @@ class CUAAgentWorkflow(RolloutWorkflow):
             await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
+        """AReaL's entry: ``arun_group``'s rows, ``None`` for a rejected group and, with
+        ``credit.dynamic_sampling``, for a group without signal."""
+        outcome = await self.arun_group(engine, data)
+        if outcome.flat and self.config.credit.dynamic_sampling:
+            return None
+        return outcome.samples
+
+    async def arun_group(self, engine: Engine, data: dict[str, Any]) -> GroupOutcome:
+        """Run one task's group (with the credit switches) and build its training rows."""
         # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
         # concatenated) when a weight update aborts them; idempotent, other engines untouched
         prepare_remote_engine(engine)
@@ -212,26 +273,70 @@ class CUAAgentWorkflow(RolloutWorkflow):
         keep_configured_limits(engine)
         resources = await self._resources()
         task = task_from_row(data)
-        runs = await self.run_group(engine, task, resources, data)
+        tally = BranchTally()
+        runs = await self.run_group(engine, task, resources, data, tally)
         tracker = stats_tracker.get(workflow_context.stat_scope())
         if runs is None:
-            return None
+            return GroupOutcome(None, branch=tally)
         record_group_stats(tracker, runs)
         config = self.config
+        credit = config.credit
+        outcome = GroupOutcome(None, runs=runs, branch=tally)
+        if credit.replay.enabled:
+            replay = self._given_replay or resources.replay
+            assert replay is not None
+            if not any(outcome.root_successes):
+                stored = replay.take(task.task_id, _engine_version(engine))
+                if stored is not None:
+                    runs.append(stored)
+                    outcome.replayed = 1
+                    outcome.replayed_rows = len(stored.record.turns)
+            for run in runs:
+                replay.add(run)
         # Megabytes of tensors per group (each turn's row carries its prompt's pixel values):
         # off the event loop, like the rest of the per-turn CPU work.
-        samples = await asyncio.to_thread(
-            group_samples,
-            runs,
-            resources.tokens,
-            gamma=config.turn_discount,
-            normalize=config.group_reward_norm,
-            eps=config.reward_norm_eps,
-            pixel_dtype=resources.pixel_dtype,
-        )
+        outcome.samples = await asyncio.to_thread(self._rows, runs, resources, outcome)
+        samples = outcome.samples
         if samples is None:
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
-        return samples
+            return outcome
+        outcome.flat = not bool(samples["rewards"].abs().max() > FLAT_EPS)
+        if credit.any:
+            tracker.scalar(
+                **{
+                    f"{STAT_PREFIX}/credit/flat_groups": float(outcome.flat),
+                    f"{STAT_PREFIX}/credit/branch_points": float(tally.points),
+                    f"{STAT_PREFIX}/credit/extra_env_steps": float(tally.extra_turns),
+                    f"{STAT_PREFIX}/credit/replayed_samples": float(outcome.replayed_rows),
+                }
+            )
+        return outcome
+
+    def _rows(
+        self, runs: list[EpisodeRun], resources: _Resources, outcome: GroupOutcome
+    ) -> dict[str, Any] | None:
+        """The group's rows; their rewards are ``credit_rewards``' per-turn advantages when
+        branching or anchors are on (``outcome.anchor_groups`` set), else the episodes'."""
+        config = self.config
+        gamma, normalize, eps = (
+            config.turn_discount,
+            config.group_reward_norm,
+            config.reward_norm_eps,
+        )
+        rewards = None
+        if config.credit.branch.enabled or config.credit.anchor.enabled:
+            rewards, outcome.anchor_groups = credit_rewards(
+                runs, gamma=gamma, normalize=normalize, eps=eps, credit=config.credit
+            )
+        return group_samples(
+            runs,
+            resources.tokens,
+            gamma=gamma,
+            normalize=normalize,
+            eps=eps,
+            pixel_dtype=resources.pixel_dtype,
+            rewards=rewards,
+        )
 
     def _step_of(self, version: int) -> int | None:
         """Training rollouts belong to the step whose weights made them (version N = after N
@@ -244,10 +349,16 @@ class CUAAgentWorkflow(RolloutWorkflow):
         return None
 
     async def run_group(
-        self, engine: Engine, task: Task, resources: _Resources, data: dict[str, Any]
+        self,
+        engine: Engine,
+        task: Task,
+        resources: _Resources,
+        data: dict[str, Any],
+        branch_tally: BranchTally | None = None,
     ) -> list[EpisodeRun] | None:
         """Run the group; ``None`` if any episode failed for infrastructure reasons twice (the
-        others are cancelled at once, their executions closed)."""
+        others are cancelled at once, their executions closed). With ``credit.branch`` the
+        episodes may fork into siblings, which run alongside and come after the roots."""
         tracker = stats_tracker.get(workflow_context.stat_scope())
         group_id = uuid.uuid4().hex
         version = _engine_version(engine)
@@ -271,8 +382,43 @@ class CUAAgentWorkflow(RolloutWorkflow):
 
             return make
 
-        pending = {
-            asyncio.ensure_future(
+        spawned: list[asyncio.Future[EpisodeRun]] = []
+        pending: dict[asyncio.Future[EpisodeRun], int] = {}
+
+        def sibling_context(parent: EpisodeContext, turn: int) -> EpisodeContext:
+            return EpisodeContext(
+                task=task,
+                group_id=group_id,
+                source=self.source,
+                step=parent.step,
+                model_version=parent.model_version,
+                meta={
+                    "index_in_group": self.config.group_size + len(spawned),
+                    "parent_episode": parent.episode_id,
+                    "branch_turn": turn,
+                },
+            )
+
+        def spawn(episode: Episode) -> None:
+            future = asyncio.ensure_future(episode.run())
+            # cancelled before it ran, the sibling never reaches its own ``finally``
+            future.add_done_callback(functools.partial(_close_if_cancelled, episode=episode))
+            pending[future] = self.config.group_size + len(spawned)
+            spawned.append(future)
+
+        brancher = (
+            Brancher(
+                self.config.credit.branch,
+                spawn,
+                sibling_context,
+                fork_timeout_s=self.config.turn_timeout_s,
+                tally=branch_tally if branch_tally is not None else BranchTally(),
+            )
+            if self.config.credit.branch.enabled and self.source == "step"
+            else None
+        )
+        for index in range(self.config.group_size):
+            future: asyncio.Future[EpisodeRun] = asyncio.ensure_future(
                 run_with_retry(
                     gym=resources.gym,
                     task=task,
@@ -282,13 +428,14 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     observer=resources.observer,
                     on_reject=on_reject,
                     clock=resources.clock_for(engine),
+                    branch=brancher,
                 )
-            ): index
-            for index in range(self.config.group_size)
-        }
+            )
+            pending[future] = index
         finished: dict[int, EpisodeRun] = {}
         try:
-            waiting = set(pending)
+            waiting: set[asyncio.Future[EpisodeRun]] = set(pending)
+            handled: set[asyncio.Future[EpisodeRun]] = set()
             while waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
@@ -301,9 +448,29 @@ class CUAAgentWorkflow(RolloutWorkflow):
                         )
                         return None
                     finished[pending[future]] = run
+                    if brancher is not None:
+                        brancher.count(run)
+                    handled.add(future)
+                # siblings spawned meanwhile (by episodes still running or just finished)
+                waiting |= set(spawned) - handled
         finally:
             await _cancel_all(pending)
-        return [finished[i] for i in range(self.config.group_size)]
+        runs = [finished[i] for i in sorted(finished)]
+        if brancher is not None:
+            ids = {r.record.context.episode_id for r in runs}
+            orphans = [r for r in runs if r.record.origin and r.record.origin.parent_id not in ids]
+            if orphans:  # a parent was retried after it branched: its siblings' tree is gone
+                tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/{OrphanBranch.__name__}": 1.0})
+                return None
+        return runs
+
+
+def _close_if_cancelled(future: asyncio.Future[EpisodeRun], episode: Episode) -> None:
+    """Close a sibling's forked execution when its run was cancelled (idempotent: a run that
+    started closed it already)."""
+    if future.cancelled() and episode.execution is not None:
+        closing = asyncio.ensure_future(episode.execution.close())
+        closing.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 async def _cancel_all(futures: Sequence[asyncio.Future[Any]] | dict[Any, Any]) -> None:

@@ -57,9 +57,22 @@ class StepSummary:
     near 0 when sampler and trainer see the same sequence under the same temperature."""
     adv_abs: float | None = None
     """Mean |advantage| over the step's output tokens (0 when every group had equal rewards)."""
+    groups: int = 0
+    """Groups played (dynamic sampling's extra rounds included)."""
+    env_steps: int = 0
+    """Environment steps played: model turns of every played episode, siblings included."""
+    root_success: float = 0.0
+    """Success of the played root episodes (what plain GRPO plays; siblings and replays not)."""
+    branch_points: int = 0
+    extra_env_steps: int = 0
+    """The branching budget spent: turns played by forked siblings."""
+    signal_groups: int = 0
+    """Groups trained on whose advantages are not all 0."""
+    replayed_samples: int = 0
+    """Rows of replayed successes in the update."""
 
-    def table_row(self) -> str:
-        """This step as a row under ``STEP_TABLE_HEADER``."""
+    def table_row(self, credit: bool = False) -> str:
+        """This step as a row under ``step_table_header(credit)``."""
         loss = f"{self.loss:8.4f}" if self.loss is not None else f"{'-':>8}"
         adv = f"{self.adv_abs:6.3f}" if self.adv_abs is not None else f"{'-':>6}"
         gap = f"{self.logp_gap:7.1e}" if self.logp_gap is not None else f"{'-':>7}"
@@ -69,7 +82,22 @@ class StepSummary:
             f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
             f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
             f"{self.seconds:>6.1f}"
+        ) + (
+            f" {self.branch_points:>6} {self.extra_env_steps:>6} {self.env_steps:>6} "
+            f"{self.signal_groups:>3}/{self.groups:<3} {self.replayed_samples:>6}"
+            if credit
+            else ""
         )
+
+
+CREDIT_COLUMNS = f" {'branch':>6} {'+env':>6} {'env':>6} {'signal':>7} {'replay':>6}"
+"""Columns added when a credit switch is on: branch points, the siblings' extra environment
+steps, all environment steps, groups with signal / groups played, replayed rows."""
+
+
+def step_table_header(credit: bool = False) -> str:
+    """The step table's header, with ``CREDIT_COLUMNS`` when a credit switch is on."""
+    return STEP_TABLE_HEADER + (CREDIT_COLUMNS if credit else "")
 
 
 STEP_TABLE_HEADER = (
@@ -97,6 +125,8 @@ class TrainReport:
     """Evaluation step (-1: baseline) → share of episodes ended by a failed "done"."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
+    credit: bool = False
+    """A credit switch was on (the step table shows its columns)."""
 
 
 def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[str, float]:
@@ -166,6 +196,11 @@ class EmbeddedTrainer:
         self._false_done: dict[int, float] = {}
         self._ref: Any = None
         """A frozen copy of the starting model when ``actor.kl_ctl`` > 0."""
+        from cua_native.rollout.replay import ReplayBuffer
+
+        replay = loaded.cua.agent.credit.replay
+        self.replay = ReplayBuffer(replay) if replay.enabled else None
+        """The run's success buffer (``cua.agent.credit.replay``), kept across steps."""
 
     # ------------------------------------------------------------------ set-up
     def _prepare_model(self, report: TrainReport) -> Path:
@@ -339,6 +374,7 @@ class EmbeddedTrainer:
                 gym=gym,
                 processor=processor,
                 observer=FanoutObserver(monitor.recorder, *observers),
+                replay=self.replay if source == "step" else None,
             )
 
         if cua.baseline and eval_tasks:
@@ -359,21 +395,23 @@ class EmbeddedTrainer:
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
         order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
-        self._log(STEP_TABLE_HEADER)
+        credit = cua.agent.credit
+        report.credit = credit.any
+        self._log(step_table_header(credit.any))
         for step in bar:
             started = time.perf_counter()
             tasks = order.next_batch(batch_size)
             monitor.step_started(step)
             tally = EpisodeTally()
             flow = workflow("step", [tally])
-            rows = [dict(task_row(t), global_step=step) for t in tasks]
-            results = await asyncio.gather(*(flow.arun_episode(engine, row) for row in rows))
-            batch = [r for r in results if r is not None]
-            rejected = len(results) - len(batch)
-            uniform_flags = [_is_uniform(b) for b in batch]
-            uniform = uniform_flags.count(True)
-            if cua.skip_uniform_groups:
-                batch = [b for b, flag in zip(batch, uniform_flags, strict=True) if not flag]
+            groups = await self._play_step(flow, engine, tasks, order, step, task_row)
+            played = [o for o in groups if o.samples is not None]
+            rejected = len(groups) - len(played)
+            flat = [_is_uniform(o.samples) for o in played]
+            uniform = sum(flat)
+            drop = cua.skip_uniform_groups or credit.dynamic_sampling
+            batch = [o.samples for o, f in zip(played, flat, strict=True) if not (drop and f)]
+            roots = [ok for o in groups for ok in o.root_successes]
             summary = StepSummary(
                 step=step,
                 episodes=tally.completed,
@@ -384,6 +422,15 @@ class EmbeddedTrainer:
                 reward_std=tally.reward_std,
                 turns_mean=tally.turns_mean,
                 samples=sum(int(b["input_ids"].shape[0]) for b in batch),
+                groups=len(groups),
+                env_steps=sum(o.env_steps for o in groups),
+                root_success=sum(roots) / len(roots) if roots else 0.0,
+                branch_points=sum(o.branch.points for o in groups),
+                extra_env_steps=sum(o.branch.extra_turns for o in groups),
+                signal_groups=len(played) - uniform,
+                replayed_samples=sum(
+                    o.replayed_rows for o, f in zip(played, flat, strict=True) if not (drop and f)
+                ),
             )
             stats: dict[str, float] = {}
             if batch:
@@ -416,6 +463,18 @@ class EmbeddedTrainer:
                     "success_rate": summary.success_rate,
                     "rejected_groups": summary.rejected_groups,
                     "uniform_groups": summary.uniform_groups,
+                    **(
+                        {
+                            "credit/branch_points": summary.branch_points,
+                            "credit/extra_env_steps": summary.extra_env_steps,
+                            "credit/env_steps": summary.env_steps,
+                            "credit/signal_groups": summary.signal_groups,
+                            "credit/groups": summary.groups,
+                            "credit/replayed_samples": summary.replayed_samples,
+                        }
+                        if credit.any
+                        else {}
+                    ),
                 },
                 status="completed",
             )
@@ -424,7 +483,7 @@ class EmbeddedTrainer:
                 success=f"{summary.success_rate:.0%}",
                 loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
             )
-            self._log(summary.table_row())
+            self._log(summary.table_row(credit.any))
             if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
                 tally = EpisodeTally()
                 outcomes = TaskOutcomes()
@@ -445,6 +504,28 @@ class EmbeddedTrainer:
         if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
             report.checkpoint = await self._save(trainer_engine, processor)
         return report
+
+    async def _play_step(
+        self, flow: Any, engine: Any, tasks: list[Task], order: Any, step: int, task_row: Any
+    ) -> list[Any]:
+        """The step's groups (``GroupOutcome``s). With ``credit.dynamic_sampling`` each group
+        without signal is replaced by a group of the next task in the order, for at most
+        ``credit.dynamic_rounds`` further rounds (all rounds' groups are returned)."""
+        credit = self.loaded.cua.agent.credit
+
+        async def play(batch: list[Task]) -> list[Any]:
+            rows = [dict(task_row(t), global_step=step) for t in batch]
+            return list(await asyncio.gather(*(flow.arun_group(engine, row) for row in rows)))
+
+        outcomes = await play(tasks)
+        if not credit.dynamic_sampling:
+            return outcomes
+        for _ in range(credit.dynamic_rounds):
+            wanted = len(tasks) - sum(o.samples is not None and not o.flat for o in outcomes)
+            if wanted <= 0:
+                break
+            outcomes += await play(order.next_batch(wanted))
+        return outcomes
 
     def _log(self, line: str) -> None:
         """Without progress bars (logs, ``bench/``), progress is a line per step and per

@@ -56,18 +56,22 @@ async def test_a_forked_sim_execution_continues_exactly_as_the_original(task_id:
         assert isinstance(fork, SimExecution) and fork.execution_id != original.execution_id
         assert fork.state == original.state and fork.state is not original.state
         before = await original.observe()
-        assert _pixels((await fork.observe()).screenshot.image) == _pixels(
-            before.screenshot.image
-        )
+        assert _pixels((await fork.observe()).screenshot.image) == _pixels(before.screenshot.image)
         # the same actions, chosen on the original's screens, played on both
         for action in _actions(original, random.Random(f"{task_id}-tail"), 8):
             a, b = await original.act(action), await fork.act(action)
             assert (a.ok, a.error, a.feedback) == (b.ok, b.error, b.feedback)
             assert a.observation is not None and b.observation is not None
-            assert _pixels(a.observation.screenshot.image) == _pixels(b.observation.screenshot.image)
+            assert _pixels(a.observation.screenshot.image) == _pixels(
+                b.observation.screenshot.image
+            )
             assert fork.state == original.state
         first, second = await original.evaluate(), await fork.evaluate()
-        assert (first.reward, first.success, first.raw) == (second.reward, second.success, second.raw)
+        assert (first.reward, first.success, first.raw) == (
+            second.reward,
+            second.success,
+            second.raw,
+        )
         # independent from here on: acting on the copy leaves the original as it was
         kept = await original.observe()
         await fork.act(m.SystemButton(button="home"))
