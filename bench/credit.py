@@ -6,7 +6,8 @@ warm start (``cua.warm_start.early_stop_share=0``), paired on the same seeds.
 
 Each seed's ``plain`` run builds the seed's warm start (in ``OUT/seed-S/.cache``) and the
 baseline evaluation; the other variants of the seed start once that warm start exists, reuse it
-and skip the baseline (the same model and evaluation set). Every run evaluates once, after its
+and skip the baseline (the same model and evaluation set). A run whose directory has a
+``train.log`` is not started again (a restarted driver leaves running runs alone). Every run evaluates once, after its
 last step, ``cua.eval_episodes_per_task`` episodes of each of the eight tasks on the eight
 phones training never uses. Runs are started with one torch thread each (``--jobs`` at once).
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cua_native.rollout.outcomes import paired_difference, task_interval
+from cua_native.training.warm_start import WARM_START_MARKER
 
 CREDIT = "cua.agent.credit"
 VARIANTS: dict[str, list[str]] = {
@@ -77,9 +79,8 @@ def argv(out: Path, seed: int, variant: str, steps: int, extra: list[str]) -> li
 
 
 def warm_ready(out: Path, seed: int) -> bool:
-    """The seed's warm start is on disk (its plain run has reached training)."""
-    log = run_dir(out, seed, "plain") / "train.log"
-    return log.is_file() and "step episodes" in log.read_text(errors="replace")
+    """The seed's warm start is on disk (``WARM_START_MARKER`` written last)."""
+    return any((out / f"seed-{seed}" / ".cache").glob(f"*/{WARM_START_MARKER}"))
 
 
 def run_all(
@@ -97,7 +98,7 @@ def run_all(
                 continue
             waiting.remove((seed, variant))
             directory = run_dir(out, seed, variant)
-            if (directory / "evals.json").is_file():
+            if (directory / "train.log").is_file():  # done, or running (a restarted driver)
                 continue
             directory.mkdir(parents=True, exist_ok=True)
             command = argv(out, seed, variant, steps, extra)

@@ -2,15 +2,17 @@
 
 ``Brancher`` is one group's ``BranchHook``. After a model turn, before its action is applied,
 it decides whether to branch there (``BranchConfig.trigger``): on a ``schedule`` of turn
-indices (root episodes only), or where the policy was ``uncertain`` of the action (the mean
-surprisal ``-log p`` of the first ``action_tokens`` sampled tokens of the action, a one-sample
-estimate of their entropy). Branching forks the execution ``children - 1`` times
+indices (root episodes only), or where the policy was ``uncertain`` of the action: the
+surprisal ``-log p`` of the action's first ``action_tokens`` sampled tokens (the log-prob of
+that prefix, a one-sample estimate of its entropy). Branching forks the execution ``children - 1`` times
 (``gym.protocol.fork_execution``: a gym that cannot fork raises ``ForkUnsupported``, which is
 never caught here: no silent fallback) and starts one sibling episode on each copy; the
 episode's own turn is the remaining sibling. ``max_points`` bounds the branch points of the
 group; a sibling never branches again at the turn it started on (that is its parent's set),
 and a root never at its first turn (the group's roots are that turn's siblings already).
-Extra environment steps (the siblings' turns) are counted for the step table.
+Extra environment steps (the siblings' turns) are counted for the step table. A sibling is
+never retried (its state cannot be created afresh): one rejected for infrastructure rejects
+the group, as a root rejected twice does.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ def action_start(token_texts: list[str]) -> int:
 
 
 def action_surprisal(turn: TurnRecord, tokens: int) -> float:
-    """Mean ``-log p`` of the first ``tokens`` sampled tokens of the turn's action (of the
-    whole output when no action marker is found or nothing follows it)."""
+    """``-log p`` of the first ``tokens`` sampled tokens of the turn's action, summed (of the
+    output's first tokens when no action marker is found or nothing follows it)."""
     logprobs = turn.output_logprobs
     start = action_start(turn.output_token_texts)
     window = logprobs[start : start + tokens] or logprobs[:tokens]
-    return -sum(window) / len(window) if window else 0.0
+    return -sum(window)
 
 
 @dataclass(slots=True)

@@ -130,12 +130,12 @@ class BranchConfig(BaseModel):
     """Siblings per branch point, the episode's own continuation included."""
     trigger: Literal["uncertainty", "schedule"] = "uncertainty"
     """``uncertainty``: branch at a turn whose action's first tokens the policy was unsure of
-    (mean surprisal ≥ ``threshold``); ``schedule``: at the turns listed in ``turns``."""
+    (their surprisal ≥ ``threshold``); ``schedule``: at the turns listed in ``turns``."""
     turns: list[int] = Field(default_factory=lambda: [1])
     """``schedule``: turn indices (0 = first) at which root episodes branch."""
-    threshold: float = Field(0.3, ge=0.0)
-    """``uncertainty``: mean -log p (nats per token) of the action's first ``action_tokens``
-    sampled tokens (a one-sample estimate of their entropy)."""
+    threshold: float = Field(1.0, ge=0.0)
+    """``uncertainty``: -log p (nats) of the action's first ``action_tokens`` sampled tokens
+    (a one-sample estimate of their entropy; ``rollout/branching.py``)."""
     action_tokens: int = Field(8, ge=1)
     max_points: int = Field(2, ge=0)
     """Branch points per group: the budget. Extra environment steps are at most
