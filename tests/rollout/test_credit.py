@@ -349,3 +349,23 @@ async def test_dynamic_sampling_drops_groups_without_signal(processor) -> None:
     outcome = await workflow.arun_group(flat, task)
     assert outcome.flat and outcome.samples is not None
     assert await workflow.arun_episode(flat, task) is None
+
+
+@pytest.mark.parametrize(("threshold", "points"), [(3.9, 2), (4.1, 0)])
+async def test_the_uncertainty_trigger_reads_the_action_tokens_surprisal(
+    processor, threshold: float, points: int
+) -> None:
+    """Every token here has log-prob -0.5: the action's first 8 tokens are 4 nats surprising.
+    Episodes branch when that reaches the threshold (roots never at their first turn,
+    siblings never at theirs), until the group's two branch points are spent."""
+    config = _config(branch={"enabled": True, "trigger": "uncertainty", "threshold": threshold})
+    gym = PathGym()
+    engine = StateEngine(processor, config, first=["L", "R"])
+    workflow = CUAAgentWorkflow(config, gym=gym, processor=processor)
+    outcome = await workflow.arun_group(engine, {"task": (await gym.list_tasks())[0]})
+    assert outcome.branch.points == points
+    forks = [(r.record.origin, i) for r in outcome.runs for i in r.record.branched_at]
+    assert len(forks) == points
+    for origin, turn in forks:
+        assert turn >= 1 and (origin is None or turn > origin.turn)
+    _rows_match(outcome)
