@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cua_native.training.rehearsal import host_address
+from cua_native.training.cluster.rehearsal import host_address
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android_multinode.yaml"
 RUN_TIMEOUT_S = 1500
