@@ -146,6 +146,35 @@ def final_success(train: list[dict[str, Any]]) -> float:
     return sum(played) / len(played) if played else 0.0
 
 
+def step_rows(log: Path) -> list[dict[str, Any]]:
+    """The step table rows a run printed so far (with the credit columns when it has them):
+    what an unfinished run (no ``evals.json``) still tells. ``success`` there counts every
+    played episode, branched siblings included."""
+    rows: list[dict[str, Any]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) < 13 or not parts[0].isdigit() or not parts[1].isdigit():
+            continue
+        row: dict[str, Any] = {
+            "step": int(parts[0]),
+            "episodes": int(parts[1]),
+            "success": float(parts[2].rstrip("%")) / 100,
+            "uniform_groups": int(parts[7]),
+        }
+        if len(parts) >= 18 and "/" in parts[16]:
+            signal, groups = parts[16].split("/")
+            row.update(
+                branch_points=int(parts[13]),
+                extra_env_steps=int(parts[14]),
+                env_steps=int(parts[15]),
+                signal_groups=int(signal),
+                groups=int(groups),
+                replayed_samples=int(parts[17]),
+            )
+        rows.append(row)
+    return rows
+
+
 def summarize(out: Path, seeds: list[int], variants: list[str]) -> dict[str, Any]:
     runs: dict[tuple[int, str], dict[str, Any]] = {}
     for seed in seeds:
@@ -153,7 +182,12 @@ def summarize(out: Path, seeds: list[int], variants: list[str]) -> dict[str, Any
             path = run_dir(out, seed, variant) / "evals.json"
             if path.is_file():
                 runs[(seed, variant)] = json.loads(path.read_text())
-    result: dict[str, Any] = {"seeds": seeds, "variants": {}, "per_seed": {}}
+    result: dict[str, Any] = {"seeds": seeds, "variants": {}, "unfinished": {}}
+    for seed in seeds:
+        for variant in variants:
+            log = run_dir(out, seed, variant) / "train.log"
+            if (seed, variant) not in runs and log.is_file():
+                result["unfinished"][f"{variant}/seed-{seed}"] = step_rows(log)
     baseline: dict[str, list[bool]] = {}
     plain_final: dict[str, list[bool]] = {}
     targets: dict[int, float] = {}
@@ -243,6 +277,20 @@ def print_table(result: dict[str, Any]) -> None:
         f"{'variant':<11} {'runs':>4} {'final':>16} {'vs plain':>22} {'vs baseline':>22} "
         f"{'flat':>5} {'env steps':>9} {'branch':>6} {'+env':>5} {'replay':>6}  reach ratio"
     )
+    for run, rows in result.get("unfinished", {}).items():
+        credit = [r for r in rows if "groups" in r]
+        if not credit:
+            print(f"{run}: unfinished, {len(rows)} steps")
+            continue
+        groups = sum(r["groups"] for r in credit)
+        print(
+            f"{run}: unfinished, {len(rows)} steps; flat {sum(r['uniform_groups'] for r in credit) / groups:.0%}"
+            f" of {groups} groups, signal {sum(r['signal_groups'] for r in credit)},"
+            f" branch points {sum(r['branch_points'] for r in credit)},"
+            f" extra env steps {sum(r['extra_env_steps'] for r in credit)} of"
+            f" {sum(r['env_steps'] for r in credit)}, replayed rows"
+            f" {sum(r['replayed_samples'] for r in credit)}"
+        )
     for name, v in result["variants"].items():
         f = v["final"]
         vp = v.get("vs_plain")
