@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cua_native.rollout.config import (
     SAMPLING_FIELDS,
     AgentConfig,
+    CreditConfig,
     SamplingConfig,
     gym_client_options,
 )
@@ -141,7 +142,10 @@ class CUASettings(BaseModel):
     def eval_agent(self) -> AgentConfig:
         """The agent of the baseline and evaluations: ``eval_episodes_per_task`` per group,
         sampled at ``eval_temperature`` when that is set."""
-        update: dict[str, Any] = {"group_size": self.eval_episodes_per_task}
+        update: dict[str, Any] = {
+            "group_size": self.eval_episodes_per_task,
+            "credit": CreditConfig(),  # an evaluation measures the policy, nothing else
+        }
         if self.eval_temperature is not None:
             update["sampling"] = self.agent.sampling.model_copy(
                 update={"temperature": self.eval_temperature}

@@ -39,6 +39,7 @@ from cua_native.actions.models import Action, action_to_json
 from cua_native.gym.protocol import (
     Evaluation,
     ExecutionGone,
+    ForkUnsupported,
     GymError,
     Observation,
     StepResult,
@@ -486,6 +487,25 @@ class HttpExecution:
             return evaluation_from_json(data)
         except WireError as exc:
             raise GymProtocolError(f"evaluate: {exc}") from exc
+
+    async def fork(self) -> HttpExecution:
+        """``POST …/fork``: a new execution in exactly this one's state (the server copies it).
+        ``ForkUnsupported`` when the server answers 501 (its gym cannot fork) or 404/405 on the
+        route (a server without it, genv); never retried (a retry could leave a second copy)."""
+        self._check_open("fork")
+        call = _Call("fork", self.gym.timeouts.create, False, ExecutionNotFound)
+        try:
+            data = await self.gym._json("POST", self._exec_path("/fork"), call, {})
+        except ExecutionNotFound:
+            raise
+        except GymHTTPError as exc:
+            if exc.status in (404, 405, 501):
+                raise ForkUnsupported(f"gym {self.gym.gym_id!r} cannot fork: {exc}") from exc
+            raise
+        execution_id = data.get("execution_id") if isinstance(data, dict) else None
+        if not isinstance(execution_id, str) or not execution_id:
+            raise GymProtocolError(f"fork: answer has no execution_id: {data!r}")
+        return HttpExecution(self.gym, execution_id, self.task, dict(self.device), dict(data))
 
     async def close(self) -> None:
         """Terminate exactly once. Shielded: cancelling ``close`` does not stop the terminate

@@ -108,6 +108,11 @@ class ExecutionGone(GymError):
     """The execution no longer exists on the gym side."""
 
 
+class ForkUnsupported(GymError):
+    """The execution's backend cannot copy its state (``fork``): a capability it lacks, never
+    a transient failure, so a caller must not fall back silently (``docs/gym_protocol.md``)."""
+
+
 @runtime_checkable
 class Execution(Protocol):
     @property
@@ -129,6 +134,28 @@ class Execution(Protocol):
     async def close(self) -> None:
         """Release the environment. Idempotent; never raises for an already-closed execution."""
         ...
+
+
+@runtime_checkable
+class ForkableExecution(Execution, Protocol):
+    """An ``Execution`` that can copy itself: ``fork`` returns a new, independent execution of
+    the same task in exactly the same state (screen, app data, turn counter), which continues
+    as the original would on the same actions. The copy is the caller's to close. Optional:
+    ``fork_execution`` is the one way to call it."""
+
+    async def fork(self) -> Execution: ...
+
+
+async def fork_execution(execution: Execution) -> Execution:
+    """``execution.fork()``, or ``ForkUnsupported`` naming the backend that cannot fork (an
+    HTTP execution raises it too when its server answers that the execution cannot)."""
+    if not isinstance(execution, ForkableExecution):
+        raise ForkUnsupported(
+            f"{type(execution).__name__} cannot fork its state (execution "
+            f"{execution.execution_id}); branching needs a forkable gym (the simulator, or a "
+            "gym server whose capabilities list 'fork'); use anchor-state groups instead"
+        )
+    return await execution.fork()
 
 
 @runtime_checkable

@@ -10,6 +10,9 @@ bodies over ``max_body_bytes`` are refused (413), and with a token every route n
 ``Authorization: Bearer <token>`` (401). ``GET /api/v1/{gym}/capabilities`` says what this server
 supports beyond genv (idempotent creates, the execution listing) and its limits;
 ``GET /api/v1/{gym}/executions`` lists what it holds, so a client can count its leaks.
+``POST /api/v1/{gym}/executions/{id}/fork`` copies an execution's state into a new execution
+(the gym's executions must implement ``ForkableExecution``; 501 where they cannot, and the
+capabilities' ``fork`` says which).
 
 Orphan-free creation (beyond genv's protocol, ignored by genv): a create may carry
 ``options.client_request_id`` and ``options.client_deadline_s``.
@@ -51,7 +54,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cua_native.actions.models import action_from_json
 from cua_native.gym.faults import FaultInjector, FaultProfile, FaultProfileError, Route
-from cua_native.gym.protocol import Execution, ExecutionGone, Gym, GymError, Task
+from cua_native.gym.protocol import (
+    Execution,
+    ExecutionGone,
+    ForkUnsupported,
+    Gym,
+    GymError,
+    Task,
+    fork_execution,
+)
 from cua_native.gym.server_guards import (
     DEFAULT_IDLE_TTL_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -463,6 +474,7 @@ def create_app(
             "idle_ttl_s": limits.idle_ttl_s,
             "max_body_bytes": limits.max_body_bytes,
             "auth": limits.auth_token is not None,
+            "fork": bool(getattr(state.gym(gym_id), "can_fork", False)),
         }
 
     @app.get("/api/v1/{gym_id}/executions")
@@ -596,6 +608,26 @@ def create_app(
         async with state.using(live):
             evaluation = await live.execution.evaluate(answer)
         return evaluation_to_json(evaluation)
+
+    @app.post("/api/v1/{gym_id}/executions/{execution_id}/fork")
+    async def fork(gym_id: str, execution_id: str) -> dict[str, Any]:
+        live = state.execution(gym_id, execution_id)
+        if state.held() >= limits.max_live:
+            raise HTTPException(
+                429,
+                f"too many live executions: {state.held()} live or being created, the"
+                f" server's max_live is {limits.max_live}",
+                headers={"Retry-After": "5"},
+            )
+        try:
+            async with state.using(live):
+                copy = await fork_execution(live.execution)
+        except ForkUnsupported as exc:
+            raise HTTPException(501, f"fork unsupported: {exc}") from exc
+        key = (gym_id, copy.execution_id)
+        state.created.append(key)
+        state.live[key] = _Live(copy, None, last_used=state.clock())
+        return {"execution_id": copy.execution_id, "task_id": copy.task.task_id}
 
     @app.post("/api/v1/{gym_id}/executions/{execution_id}/terminate")
     async def terminate(gym_id: str, execution_id: str) -> dict[str, Any]:

@@ -117,6 +117,80 @@ def gym_client_options(kind: str) -> set[str]:
     return set(inspect.signature(client.__init__).parameters) - fixed
 
 
+class BranchConfig(BaseModel):
+    """Branching rollouts (``rollout/branching.py``): at chosen turns an episode's execution is
+    forked and ``children`` siblings (the episode's own continuation among them) each sample
+    their own action from exactly the same screen; a turn's advantage is then computed against
+    its same-state siblings (``rollout/credit.py``). Needs a forkable gym."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    children: int = Field(2, ge=2)
+    """Siblings per branch point, the episode's own continuation included."""
+    trigger: Literal["uncertainty", "schedule"] = "uncertainty"
+    """``uncertainty``: branch at a turn whose action's first tokens the policy was unsure of
+    (their surprisal ≥ ``threshold``); ``schedule``: at the turns listed in ``turns``."""
+    turns: list[int] = Field(default_factory=lambda: [1])
+    """``schedule``: turn indices (0 = first) at which root episodes branch."""
+    threshold: float = Field(1.0, ge=0.0)
+    """``uncertainty``: -log p (nats) of the action's first ``action_tokens`` sampled tokens
+    (a one-sample estimate of their entropy; ``rollout/branching.py``)."""
+    action_tokens: int = Field(8, ge=1)
+    max_points: int = Field(2, ge=0)
+    """Branch points per group: the budget. Extra environment steps are at most
+    ``max_points * (children - 1) * max_turns``; the step table reports what was spent."""
+
+
+class AnchorConfig(BaseModel):
+    """Anchor-state groups (GiGPO) for gyms that cannot fork: turns of a group's episodes
+    whose observation is identical (a hash of the screenshot and the task) form step-level
+    groups; a turn's advantage gains ``weight`` × its step-level advantage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    weight: float = Field(1.0, gt=0.0)
+
+
+class ReplayConfig(BaseModel):
+    """Success replay (``rollout/replay.py``): a bounded per-task buffer of successful episodes
+    (their ids, log-probs and versions as generated); a group without a success gets the
+    freshest one as an extra member, trained off-policy (the decoupled loss on the cluster
+    path) while its oldest token is at most ``max_staleness`` versions behind the engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    per_task: int = Field(2, ge=1)
+    max_staleness: int = Field(4, ge=0)
+
+
+class CreditConfig(BaseModel):
+    """Per-step credit beyond the episode's group advantage (``docs/design-notes.md#per-step-credit``):
+    each switch off by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    branch: BranchConfig = Field(default_factory=BranchConfig)
+    anchor: AnchorConfig = Field(default_factory=AnchorConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    dynamic_sampling: bool = False
+    """Drop groups whose advantages are all 0 and sample others in their place (DAPO): the
+    workflow returns ``None`` for them (AReaL's executor draws more tasks); the embedded
+    trainer runs further tasks, at most ``dynamic_rounds`` rounds per step."""
+    dynamic_rounds: int = Field(2, ge=1)
+
+    @property
+    def any(self) -> bool:
+        return (
+            self.branch.enabled
+            or self.anchor.enabled
+            or self.replay.enabled
+            or self.dynamic_sampling
+        )
+
+
 class AgentConfig(BaseModel):
     """Everything the episode loop and the workflow need, apart from the model weights.
 
@@ -161,3 +235,15 @@ class AgentConfig(BaseModel):
     reward_norm_eps: float = Field(1e-6, gt=0.0)
     infra_retries: int = Field(1, ge=0)
     """Fresh-execution retries of an episode that failed for infrastructure reasons."""
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    """Branching rollouts, anchor-state groups, success replay, dynamic sampling (training
+    only: evaluations run without them)."""
+
+    @model_validator(mode="after")
+    def _branching_needs_a_forkable_gym(self) -> AgentConfig:
+        if self.credit.branch.enabled and self.gym.kind in ("adb", "desktop"):
+            raise ValueError(
+                f"credit.branch needs a gym that can fork executions; a '{self.gym.kind}' gym "
+                "cannot (use credit.anchor: anchor-state groups need no fork)"
+            )
+        return self

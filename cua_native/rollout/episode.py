@@ -31,6 +31,7 @@ from cua_native.rollout.agent import Agent, feedback_for
 from cua_native.rollout.cpu_pool import WORK_RANK, ranked
 from cua_native.rollout.pause_clock import clock_timeout
 from cua_native.rollout.records import (
+    BranchOrigin,
     EndReason,
     EpisodeContext,
     EpisodeObserver,
@@ -57,14 +58,16 @@ async def run_with_retry(
     observer: EpisodeObserver,
     on_reject: Callable[[EpisodeRun], None] = lambda run: None,
     clock: Clock = time.monotonic,
+    branch: BranchHook | None = None,
 ) -> EpisodeRun:
     """Run an episode; an infrastructure rejection is retried on a fresh execution up to
     ``agent.config.infra_retries`` times. Returns the last run (``rejected`` if every attempt
-    was)."""
+    was). ``branch`` may fork it into siblings (``rollout/branching.py``)."""
     attempt = 0
     while True:
         context = make_context(attempt)
-        run = await Episode(gym, task, engine, agent, context, observer, clock).run()
+        episode = Episode(gym, task, engine, agent, context, observer, clock, branch=branch)
+        run = await episode.run()
         if not run.rejected:
             return run
         on_reject(run)
@@ -173,8 +176,30 @@ class _Screen:
     prepared: PreparedImage | None = None
 
 
+class BranchHook(Protocol):
+    """Called after each model turn, before its action is applied (``rollout/branching.py``):
+    the moment the execution still shows the screen the turn was sampled from. It may fork the
+    execution and start siblings (``Episode.sibling``) and records that in
+    ``episode.record.branched_at``."""
+
+    async def after_model_turn(self, episode: Episode, index: int, turn: TurnRecord) -> None: ...
+
+
+@dataclass(slots=True)
+class Resume:
+    """Where a sibling starts: a forked execution, the history and screen of its parent at the
+    fork turn ``index``."""
+
+    execution: Execution
+    index: int
+    history: list[HistoryStep]
+    screen: _Screen
+    origin: BranchOrigin
+
+
 class Episode:
-    """One episode of ``task`` on a fresh execution of ``gym``, the model side in ``agent``."""
+    """One episode of ``task`` on a fresh execution of ``gym``, the model side in ``agent``;
+    or, with ``resume``, a sibling that continues a forked execution from its parent's turn."""
 
     def __init__(
         self,
@@ -185,8 +210,13 @@ class Episode:
         context: EpisodeContext,
         observer: EpisodeObserver,
         clock: Clock = time.monotonic,
+        *,
+        branch: BranchHook | None = None,
+        resume: Resume | None = None,
     ) -> None:
         self.gym = gym
+        self.branch = branch
+        self.resume = resume
         self.task = task
         self.engine = engine
         self.agent = agent
@@ -199,8 +229,31 @@ class Episode:
         self.deadline = Deadline(self.config.episode_timeout_s, clock)
         self.started = time.monotonic()
         """The episode's place in the CPU pool's order (``cpu_pool.WORK_RANK``)."""
-        self.history: list[HistoryStep] = []
-        self.execution: Execution | None = None
+        self.history: list[HistoryStep] = list(resume.history) if resume is not None else []
+        self.execution: Execution | None = resume.execution if resume is not None else None
+        self.screen: _Screen | None = None
+        """The screen the current turn was sampled from (what a sibling starts on)."""
+        if resume is not None:
+            self.record.origin = resume.origin
+
+    def sibling(self, execution: Execution, index: int, context: EpisodeContext) -> Episode:
+        """A new episode on ``execution`` (a fork of this one's, taken before turn ``index``'s
+        action): same task, engine, agent, observer, clock and branch hook, this episode's
+        history and screen; it samples its own turn ``index`` and goes on from there."""
+        assert self.screen is not None, "siblings start at a model turn"
+        origin = BranchOrigin(parent_id=self.context.episode_id, turn=index)
+        resume = Resume(execution, index, list(self.history), self.screen, origin)
+        return Episode(
+            self.gym,
+            self.task,
+            self.engine,
+            self.agent,
+            context,
+            self.observer,
+            self.deadline.clock,
+            branch=self.branch,
+            resume=resume,
+        )
 
     async def run(self) -> EpisodeRun:
         """Create, play the turns, evaluate; close on every path. Never raises for
@@ -224,8 +277,10 @@ class Episode:
 
     async def _create_play_evaluate(self) -> None:
         record, config = self.record, self.config
-        with self.timer.phase("create"):
-            self.execution = execution = await _start(self.gym, self.task, config.turn_timeout_s)
+        if self.execution is None:
+            with self.timer.phase("create"):
+                self.execution = await _start(self.gym, self.task, config.turn_timeout_s)
+        execution = self.execution
         self.context.execution_id = execution.execution_id
         record.end_reason = await self._play(execution)
         with self.timer.phase("evaluate"):
@@ -244,8 +299,11 @@ class Episode:
     async def _play(self, execution: Execution) -> EndReason:
         """Turns until one ends the episode; how it ended."""
         screen: _Screen | None = None
+        first = 0
+        if self.resume is not None:
+            screen, first = self.resume.screen, self.resume.index
         consecutive_errors = 0
-        for index in range(self.config.max_turns):
+        for index in range(first, self.config.max_turns):
             WORK_RANK.set((index, self.started))  # restored by run()
             if self.deadline.remaining() <= 0:
                 return EndReason.TIME_LIMIT
@@ -284,6 +342,9 @@ class Episode:
         screen.prepared = prepared
         self.record.turns.append(turn)
         self.result.prompt_pixels.append(pixels)
+        if self.branch is not None:
+            self.screen = screen
+            await self.branch.after_model_turn(self, index, turn)
         parsed = turn.parsed
         action = parsed.action if parsed.error is None else None
         if isinstance(action, Answer | Terminate):

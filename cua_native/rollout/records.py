@@ -95,6 +95,16 @@ class EpisodeContext:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class BranchOrigin:
+    """Where a branched episode came from: its parent episode and the turn index at which the
+    parent's execution was forked (the child's first own turn; the parent's turns before it
+    are the child's history)."""
+
+    parent_id: str
+    turn: int
+
+
 @dataclass(slots=True)
 class EpisodeRecord:
     context: EpisodeContext
@@ -109,6 +119,12 @@ class EpisodeRecord:
     """Set when the episode ends (``None`` while it runs)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Total seconds per phase over the episode."""
+    origin: BranchOrigin | None = None
+    """Set on an episode forked from another (branching rollouts); ``None`` for a root."""
+    branched_at: list[int] = field(default_factory=list)
+    """Turn indices at which this episode's execution was forked into siblings."""
+    replayed: bool = False
+    """A stored success mixed into a later group (success replay): trained, not played again."""
 
     @property
     def parse_errors(self) -> dict[str, int]:

@@ -22,7 +22,6 @@ gets ``A = (R - mean(R)) / (std(R) + eps)`` (unbiased std, AReaL's default), the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,9 @@ from areal.utils.data import concat_padded_tensors
 
 from cua_native.prompts.pixels import PromptPixels
 from cua_native.prompts.token_types import mm_token_type_ids
+from cua_native.rollout.config import CreditConfig
+from cua_native.rollout.credit import anchor_advantages, tree_advantages
+from cua_native.rollout.credit import normalized_rewards as normalized_rewards
 from cua_native.rollout.episode import EpisodeRun
 from cua_native.rollout.records import TurnRecord
 
@@ -52,23 +54,6 @@ class VisionTokens:
         if image is None or image == unk:
             raise ValueError("the tokenizer has no <|image_pad|> token: not a Qwen-VL model")
         return cls(image_pad=int(image), video_pad=None if video in (None, unk) else int(video))
-
-
-def normalized_rewards(
-    rewards: Sequence[float], eps: float, *, divide_std: bool = True
-) -> list[float]:
-    """Group-relative episode rewards: mean 0, unbiased std 1 (one episode gives 0); with
-    ``divide_std=False`` only the mean is subtracted."""
-    n = len(rewards)
-    if n == 0:
-        return []
-    mean = sum(rewards) / n
-    if n == 1:
-        return [0.0]
-    if not divide_std:
-        return [r - mean for r in rewards]
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (n - 1))
-    return [(r - mean) / (std + eps) for r in rewards]
 
 
 UNIFORM_TOLERANCE = 1e-6
@@ -232,6 +217,33 @@ def episode_multi_modal_inputs(
     return out
 
 
+def credit_rewards(
+    runs: Sequence[EpisodeRun],
+    *,
+    gamma: float,
+    normalize: bool | str,
+    eps: float,
+    credit: CreditConfig,
+) -> tuple[list[list[float]], int]:
+    """Per-turn advantages with the credit switches (``rollout/credit.py``): the tree of
+    same-state siblings (the episode group when nothing branched) plus, with anchors on,
+    ``anchor.weight`` × the anchor-state advantage; also written to ``TurnRecord.reward``.
+    Returns them and the number of anchor groups that had two or more turns."""
+    records = [run.record for run in runs]
+    values = tree_advantages(records, gamma=gamma, normalize=normalize, eps=eps)
+    shared = 0
+    if credit.anchor.enabled:
+        steps, shared = anchor_advantages(records, gamma=gamma, normalize=normalize, eps=eps)
+        values = [
+            [a + credit.anchor.weight * b for a, b in zip(va, vb, strict=True)]
+            for va, vb in zip(values, steps, strict=True)
+        ]
+    for record, per_turn in zip(records, values, strict=True):
+        for turn, reward in zip(record.turns, per_turn, strict=True):
+            turn.reward = reward
+    return values, shared
+
+
 def group_samples(
     runs: Sequence[EpisodeRun],
     tokens: VisionTokens,
@@ -240,10 +252,17 @@ def group_samples(
     normalize: bool | str,
     eps: float,
     pixel_dtype: torch.dtype | None = None,
+    rewards: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, Any] | None:
     """All turns of a group's completed episodes as one padded AReaL tensor dict; each
-    episode's screenshots stored once (``episode_multi_modal_inputs``) in ``pixel_dtype``."""
-    attributed = attribute_rewards(runs, gamma=gamma, normalize=normalize, eps=eps)
+    episode's screenshots stored once (``episode_multi_modal_inputs``) in ``pixel_dtype``.
+    Each row's reward is its turn's entry of ``rewards`` (``credit_rewards``' per-turn
+    advantages) when given, else ``attribute_rewards``'."""
+    attributed = (
+        rewards
+        if rewards is not None
+        else attribute_rewards(runs, gamma=gamma, normalize=normalize, eps=eps)
+    )
     rows = [
         turn_sample(turn, mm, reward, tokens)
         for run, rewards in zip(runs, attributed, strict=True)

@@ -13,6 +13,15 @@ The workflow is built from plain, serializable kwargs (AReaL may construct it in
 worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
 are created lazily on first use, once per running event loop.
 
+Credit switches (``AgentConfig.credit``, all off by default; ``docs/design-notes.md#per-step-credit``):
+branching rollouts fork episodes into same-state siblings (``rollout/branching.py``) and the
+rows carry per-turn advantages of the tree of siblings; anchor-state groups add GiGPO's
+step-level advantage (``rollout/credit.py``); success replay mixes a stored success into a
+group without one (``rollout/replay.py``); dynamic sampling returns ``None`` for a group whose
+advantages are all 0 (AReaL's executor then draws another task). ``arun_group`` is the one
+implementation; ``arun_episode`` is AReaL's view of it. The same code runs in the embedded
+trainer and in AReaL's rollout workers.
+
 On an AReaL remote engine (the cluster path) ``arun_episode`` first installs
 ``cua_native.engine.remote``'s backend: each turn's prompt is checked against what the server
 reports (a mismatch rejects the episode as ``token_mismatch``), and a vLLM chat turn aborted by
@@ -23,6 +32,7 @@ engine also gets its configured staleness limits back (``cua_native.engine.capac
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -42,8 +52,10 @@ from cua_native.engine.capacity import keep_configured_limits
 from cua_native.engine.remote import prepare_remote_engine
 from cua_native.gym.protocol import Gym, Task
 from cua_native.rollout.agent import Agent
+from cua_native.rollout.branching import Brancher, BranchTally
 from cua_native.rollout.config import AgentConfig
-from cua_native.rollout.episode import Engine, EpisodeRun, run_with_retry
+from cua_native.rollout.credit import OrphanBranch
+from cua_native.rollout.episode import Engine, Episode, EpisodeRun, run_with_retry
 from cua_native.rollout.factories import (
     load_processor,
     make_agent,
@@ -54,8 +66,14 @@ from cua_native.rollout.factories import (
 )
 from cua_native.rollout.pause_clock import PauseClock, engine_pause_probe
 from cua_native.rollout.records import EpisodeContext, EpisodeObserver, NullObserver
+from cua_native.rollout.replay import ReplayBuffer
 from cua_native.rollout.shared import PROCESS_RESOURCES
-from cua_native.rollout.trajectory import VisionTokens, group_samples, is_uniform_group
+from cua_native.rollout.trajectory import (
+    VisionTokens,
+    credit_rewards,
+    group_samples,
+    is_uniform_group,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +109,8 @@ class _Resources:
     clocks: dict[int, PauseClock] = field(default_factory=dict)
     http: httpx.AsyncClient | None = None
     """The prompt builder's client for screenshot URLs (``factories.media_client``), or None."""
+    replay: ReplayBuffer | None = None
+    """The process's success buffer (``credit.replay``) when the caller gave none."""
 
     def clock_for(self, engine: Any) -> Callable[[], float]:
         """The episodes' clock for ``engine``: it stands still while the trainer holds the
@@ -123,15 +143,42 @@ class _Resources:
             close()
 
 
-@dataclass(frozen=True, slots=True)
-class GroupResult:
-    """One group's outcome: its padded AReaL rows, or ``None`` when it was ``rejected``, had no
-    turn, or is ``uniform`` and skipped."""
+FLAT_EPS = 1e-6
+"""A group whose rows' advantages are all within this of 0 carries no signal."""
 
-    rows: dict[str, Any] | None
+
+@dataclass(slots=True)
+class GroupOutcome:
+    """A group's rows (``None``: rejected, or no turns) and what the credit switches did."""
+
+    samples: dict[str, Any] | None
     rejected: bool = False
+    """An infrastructure fault rejected it: no rows."""
     uniform: bool = False
-    """Its episodes all earned the same reward (``trajectory.is_uniform_group``)."""
+    """Its episodes all earned the same reward (``trajectory.is_uniform_group``); with
+    ``skip_uniform_groups`` its rows are never built."""
+    flat: bool = False
+    """Every row's advantage is 0 (uniform groups are): no gradient (``credit.dynamic_sampling``
+    drops it)."""
+    runs: list[EpisodeRun] = field(default_factory=list)
+    branch: BranchTally = field(default_factory=BranchTally)
+    replayed: int = 0
+    """Replayed episodes mixed in (``credit.replay``)."""
+    replayed_rows: int = 0
+    anchor_groups: int = 0
+
+    @property
+    def env_steps(self) -> int:
+        """Environment steps the group played (model turns of played episodes, siblings
+        included; replayed episodes cost none)."""
+        return sum(len(r.record.turns) for r in self.runs if not r.record.replayed)
+
+    @property
+    def root_successes(self) -> list[bool]:
+        """Success of each played root episode (what plain GRPO would have played)."""
+        return [
+            r.record.success for r in self.runs if r.record.origin is None and not r.record.replayed
+        ]
 
 
 class CUAAgentWorkflow(RolloutWorkflow):
@@ -147,12 +194,16 @@ class CUAAgentWorkflow(RolloutWorkflow):
         processor: Any = None,
         observer: EpisodeObserver | None = None,
         skip_uniform_groups: bool = False,
+        replay: ReplayBuffer | None = None,
     ) -> None:
         """``config`` and ``observer_factory`` (an import path of a zero-argument callable that
         returns an ``EpisodeObserver``) are serializable; ``gym``, ``processor`` and ``observer``
         let in-process callers share live objects (the caller then owns and closes the gym).
         ``skip_uniform_groups``: a uniform group (``trajectory.is_uniform_group``) gives no
-        rows (``cua.skip_uniform_groups``)."""
+        rows (``cua.skip_uniform_groups``). ``replay`` is the success buffer of
+        ``credit.replay`` (default: one per process and config, shared by AReaL's workflow
+        objects)."""
+        self._given_replay = replay
         self.config = (
             config if isinstance(config, AgentConfig) else AgentConfig.model_validate(config or {})
         )
@@ -209,6 +260,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             pixel_dtype=model_dtype(model_path),
             owns_observer=self._given_observer is None and observer is not None,
             http=http,
+            replay=ReplayBuffer(self.config.credit.replay),
         )
 
     async def aclose(self) -> None:
@@ -220,12 +272,15 @@ class CUAAgentWorkflow(RolloutWorkflow):
             await setup[1].result().aclose()
 
     async def arun_episode(self, engine: Engine, data: dict[str, Any]) -> dict[str, Any] | None:
-        """AReaL's entry: the group's rows, or ``None`` (rejected, or uniform and skipped)."""
-        return (await self.arun_group(engine, data)).rows
+        """AReaL's entry: ``arun_group``'s rows, ``None`` for a rejected group and, with
+        ``credit.dynamic_sampling``, for a group without signal."""
+        outcome = await self.arun_group(engine, data)
+        if outcome.flat and self.config.credit.dynamic_sampling:
+            return None
+        return outcome.samples
 
-    async def arun_group(self, engine: Engine, data: dict[str, Any]) -> GroupResult:
-        """Run one group of ``config.group_size`` episodes of the row's task; its rows unless it
-        was rejected, had no turn, or is uniform and ``skip_uniform_groups`` is set."""
+    async def arun_group(self, engine: Engine, data: dict[str, Any]) -> GroupOutcome:
+        """Run one task's group (with the credit switches) and build its training rows."""
         # AReaL's remote clients: prompt checks, and vLLM chat turns restarted (not
         # concatenated) when a weight update aborts them; idempotent, other engines untouched
         prepare_remote_engine(engine)
@@ -233,35 +288,82 @@ class CUAAgentWorkflow(RolloutWorkflow):
         keep_configured_limits(engine)
         resources = await self._resources()
         task = task_from_row(data)
-        runs = await self.run_group(engine, task, resources, data)
+        tally = BranchTally()
+        runs = await self.run_group(engine, task, resources, data, tally)
         tracker = stats_tracker.get(workflow_context.stat_scope())
         if runs is None:
-            return GroupResult(rows=None, rejected=True)
+            return GroupOutcome(None, rejected=True, branch=tally)
         record_group_stats(tracker, runs)
         config = self.config
-        uniform = is_uniform_group(
+        credit = config.credit
+        outcome = GroupOutcome(None, runs=runs, branch=tally)
+        if credit.replay.enabled:
+            replay = self._given_replay or resources.replay
+            assert replay is not None
+            if not any(outcome.root_successes):
+                stored = replay.take(task.task_id, _engine_version(engine))
+                if stored is not None:
+                    runs.append(stored)
+                    outcome.replayed = 1
+                    outcome.replayed_rows = len(stored.record.turns)
+            for run in runs:
+                replay.add(run)
+        # every episode (siblings and replays included) earned the same reward: every turn's
+        # advantage is 0 under any credit rule, so the pixel rows need not be built to know it
+        outcome.uniform = is_uniform_group(
             [run.record.reward for run in runs],
             normalize=config.group_reward_norm,
             eps=config.reward_norm_eps,
         )
-        if uniform:
+        if outcome.uniform:
             tracker.scalar(**{f"{STAT_PREFIX}/uniform_groups": 1.0})
             if self.skip_uniform_groups:
-                return GroupResult(rows=None, uniform=True)
+                outcome.flat = True
+                return outcome
         # Megabytes of tensors per group (each turn's row carries its prompt's pixel values):
         # off the event loop, like the rest of the per-turn CPU work.
-        samples = await asyncio.to_thread(
-            group_samples,
-            runs,
-            resources.tokens,
-            gamma=config.turn_discount,
-            normalize=config.group_reward_norm,
-            eps=config.reward_norm_eps,
-            pixel_dtype=resources.pixel_dtype,
-        )
+        outcome.samples = await asyncio.to_thread(self._rows, runs, resources, outcome)
+        samples = outcome.samples
         if samples is None:
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
-        return GroupResult(rows=samples, uniform=uniform)
+            return outcome
+        outcome.flat = outcome.uniform or not bool(samples["rewards"].abs().max() > FLAT_EPS)
+        if credit.any:
+            tracker.scalar(
+                **{
+                    f"{STAT_PREFIX}/credit/flat_groups": float(outcome.flat),
+                    f"{STAT_PREFIX}/credit/branch_points": float(tally.points),
+                    f"{STAT_PREFIX}/credit/extra_env_steps": float(tally.extra_turns),
+                    f"{STAT_PREFIX}/credit/replayed_samples": float(outcome.replayed_rows),
+                }
+            )
+        return outcome
+
+    def _rows(
+        self, runs: list[EpisodeRun], resources: _Resources, outcome: GroupOutcome
+    ) -> dict[str, Any] | None:
+        """The group's rows; their rewards are ``credit_rewards``' per-turn advantages when
+        branching or anchors are on (``outcome.anchor_groups`` set), else the episodes'."""
+        config = self.config
+        gamma, normalize, eps = (
+            config.turn_discount,
+            config.group_reward_norm,
+            config.reward_norm_eps,
+        )
+        rewards = None
+        if config.credit.branch.enabled or config.credit.anchor.enabled:
+            rewards, outcome.anchor_groups = credit_rewards(
+                runs, gamma=gamma, normalize=normalize, eps=eps, credit=config.credit
+            )
+        return group_samples(
+            runs,
+            resources.tokens,
+            gamma=gamma,
+            normalize=normalize,
+            eps=eps,
+            pixel_dtype=resources.pixel_dtype,
+            rewards=rewards,
+        )
 
     async def play_group(
         self, engine: Engine, task: Task, data: dict[str, Any]
@@ -282,10 +384,16 @@ class CUAAgentWorkflow(RolloutWorkflow):
         return None
 
     async def run_group(
-        self, engine: Engine, task: Task, resources: _Resources, data: dict[str, Any]
+        self,
+        engine: Engine,
+        task: Task,
+        resources: _Resources,
+        data: dict[str, Any],
+        branch_tally: BranchTally | None = None,
     ) -> list[EpisodeRun] | None:
         """Run the group; ``None`` if any episode failed for infrastructure reasons twice (the
-        others are cancelled at once, their executions closed)."""
+        others are cancelled at once, their executions closed). With ``credit.branch`` the
+        episodes may fork into siblings, which run alongside and come after the roots."""
         tracker = stats_tracker.get(workflow_context.stat_scope())
         group_id = uuid.uuid4().hex
         version = _engine_version(engine)
@@ -309,8 +417,43 @@ class CUAAgentWorkflow(RolloutWorkflow):
 
             return make
 
-        pending = {
-            asyncio.ensure_future(
+        spawned: list[asyncio.Future[EpisodeRun]] = []
+        pending: dict[asyncio.Future[EpisodeRun], int] = {}
+
+        def sibling_context(parent: EpisodeContext, turn: int) -> EpisodeContext:
+            return EpisodeContext(
+                task=task,
+                group_id=group_id,
+                source=self.source,
+                step=parent.step,
+                model_version=parent.model_version,
+                meta={
+                    "index_in_group": self.config.group_size + len(spawned),
+                    "parent_episode": parent.episode_id,
+                    "branch_turn": turn,
+                },
+            )
+
+        def spawn(episode: Episode) -> None:
+            future = asyncio.ensure_future(episode.run())
+            # cancelled before it ran, the sibling never reaches its own ``finally``
+            future.add_done_callback(functools.partial(_close_if_cancelled, episode=episode))
+            pending[future] = self.config.group_size + len(spawned)
+            spawned.append(future)
+
+        brancher = (
+            Brancher(
+                self.config.credit.branch,
+                spawn,
+                sibling_context,
+                fork_timeout_s=self.config.turn_timeout_s,
+                tally=branch_tally if branch_tally is not None else BranchTally(),
+            )
+            if self.config.credit.branch.enabled and self.source == "step"
+            else None
+        )
+        for index in range(self.config.group_size):
+            future: asyncio.Future[EpisodeRun] = asyncio.ensure_future(
                 run_with_retry(
                     gym=resources.gym,
                     task=task,
@@ -320,13 +463,14 @@ class CUAAgentWorkflow(RolloutWorkflow):
                     observer=resources.observer,
                     on_reject=on_reject,
                     clock=resources.clock_for(engine),
+                    branch=brancher,
                 )
-            ): index
-            for index in range(self.config.group_size)
-        }
+            )
+            pending[future] = index
         finished: dict[int, EpisodeRun] = {}
         try:
-            waiting = set(pending)
+            waiting: set[asyncio.Future[EpisodeRun]] = set(pending)
+            handled: set[asyncio.Future[EpisodeRun]] = set()
             while waiting:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
@@ -339,9 +483,29 @@ class CUAAgentWorkflow(RolloutWorkflow):
                         )
                         return None
                     finished[pending[future]] = run
+                    if brancher is not None:
+                        brancher.count(run)
+                    handled.add(future)
+                # siblings spawned meanwhile (by episodes still running or just finished)
+                waiting |= set(spawned) - handled
         finally:
             await _cancel_all(pending)
-        return [finished[i] for i in range(self.config.group_size)]
+        runs = [finished[i] for i in sorted(finished)]
+        if brancher is not None:
+            ids = {r.record.context.episode_id for r in runs}
+            orphans = [r for r in runs if r.record.origin and r.record.origin.parent_id not in ids]
+            if orphans:  # a parent was retried after it branched: its siblings' tree is gone
+                tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/{OrphanBranch.__name__}": 1.0})
+                return None
+        return runs
+
+
+def _close_if_cancelled(future: asyncio.Future[EpisodeRun], episode: Episode) -> None:
+    """Close a sibling's forked execution when its run was cancelled (idempotent: a run that
+    started closed it already)."""
+    if future.cancelled() and episode.execution is not None:
+        closing = asyncio.ensure_future(episode.execution.close())
+        closing.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 async def _cancel_all(futures: Sequence[asyncio.Future[Any]] | dict[Any, Any]) -> None:

@@ -238,12 +238,12 @@ async def test_a_uniform_group_is_found_before_its_rows_are_built(
     monkeypatch.setattr(workflow_module, "group_samples", no_rows)
     skipping = CUAAgentWorkflow(config, gym=gym, processor=processor, skip_uniform_groups=True)
     skipped = await skipping.arun_group(engine, row)
-    assert (skipped.rows, skipped.uniform, skipped.rejected) == (None, True, False)
+    assert (skipped.samples, skipped.uniform, skipped.rejected) == (None, True, False)
     assert tracker.export(reset=True)["rollout/cua/uniform_groups"] == 1.0
     monkeypatch.setattr(workflow_module, "group_samples", built)
     kept = await CUAAgentWorkflow(config, gym=gym, processor=processor).arun_group(engine, row)
-    assert kept.uniform and not kept.rejected and kept.rows is not None
-    assert not bool(kept.rows["rewards"].abs().max() > 1e-6)  # every row's reward is 0
+    assert kept.uniform and not kept.rejected and kept.samples is not None
+    assert not bool(kept.samples["rewards"].abs().max() > 1e-6)  # every row's reward is 0
     assert gym.started == gym.closed == 4
 
 

@@ -192,3 +192,72 @@ def test_cluster_plan_against_a_real_gym_server(
         == loaded.cua.agent.sampling.temperature
         != 0.25
     )
+
+
+def test_cluster_plan_carries_the_credit_switches(
+    sim_server: str, tmp_path: Path, processor: Any
+) -> None:
+    """The cluster path's rollout workers build the workflow from these kwargs: the switches
+    travel with the step's agent; evaluations run without them."""
+    credit = "cua.agent.credit"
+    loaded = load_config(
+        ROOT / "configs" / "mai_ui_android.yaml",
+        [
+            f"cua.agent.gym.base_url={sim_server}",
+            "cua.agent.gym.gym_id=sim",
+            f"cua.run_dir={tmp_path}",
+            "actor.path=/models/MAI-UI-8B",
+            "cua.agent.prompt.max_pixels=131072",
+            f"{credit}.branch.enabled=true",
+            f"{credit}.branch.trigger=schedule",
+            f"{credit}.anchor.enabled=true",
+            f"{credit}.replay.enabled=true",
+            f"{credit}.dynamic_sampling=true",
+        ],
+    )
+    plan = plan_cluster_run(loaded, processor)
+    from areal.utils.dynamic_import import import_from_string
+
+    step = import_from_string(WORKFLOW_PATH)(**plan.workflow_kwargs).config.credit
+    assert step.branch.enabled and step.branch.trigger == "schedule"
+    assert step.anchor.enabled and step.replay.enabled and step.dynamic_sampling
+    for kwargs in (plan.eval_workflow_kwargs, plan.baseline_workflow_kwargs):
+        assert not import_from_string(WORKFLOW_PATH)(**kwargs).config.credit.any
+
+
+CREDIT = "cua.agent.credit"
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_embedded_trainer_runs_every_credit_switch(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "credit"
+    done = _run_train(
+        run_dir,
+        f"{CREDIT}.branch.enabled=true",
+        f"{CREDIT}.branch.trigger=schedule",
+        f"{CREDIT}.branch.turns=[1]",
+        f"{CREDIT}.branch.max_points=1",
+        f"{CREDIT}.anchor.enabled=true",
+        f"{CREDIT}.replay.enabled=true",
+        f"{CREDIT}.dynamic_sampling=true",
+        f"{CREDIT}.dynamic_rounds=1",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("step episodes"))
+    assert header.split()[-5:] == ["branch", "+env", "env", "signal", "replay"]
+    train = json.loads((run_dir / "evals.json").read_text())["train"]
+    assert [s["step"] for s in train] == [0, 1]
+    for s in train:
+        # one task a step (train_dataset.batch_size=1), one more round at most
+        assert 1 <= s["groups"] <= 2
+        assert s["signal_groups"] <= s["groups"]
+        # the budget: one branch point a group, one sibling, at most max_turns (2) turns
+        assert s["branch_points"] <= s["groups"]
+        assert s["extra_env_steps"] <= 2 * s["branch_points"]
+        assert s["env_steps"] >= s["episodes"] > 0
+    db = create_engine(f"sqlite:///{run_dir / 'monitor.db'}")
+    with db.connect() as c:
+        metrics = c.execute(text("select metrics_json from step order by step")).scalars().all()
+    recorded = [json.loads(m or "{}") for m in metrics]
+    assert all("credit/env_steps" in m and "credit/signal_groups" in m for m in recorded), recorded

@@ -20,6 +20,7 @@ verdict either way, and ``Evaluation.raw["progress"]`` reports the progress when
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import random
 from collections.abc import Callable
@@ -82,8 +83,11 @@ class SimExecution:
         state: PhoneState,
         user_reply: str,
         start_distance: int | None = None,
+        seed: int = 0,
     ) -> None:
         self.gym = gym
+        self.seed = seed
+        """The phone's seed (a fork keeps it: its id names the same phone)."""
         self.start_distance = start_distance
         """The solution's length from the initial state (``progress_reward`` on), else None."""
         self.execution_id = execution_id
@@ -159,6 +163,15 @@ class SimExecution:
                 raw=result,
             )
 
+    async def fork(self) -> SimExecution:
+        """A new execution of the same task in exactly this state (a deep copy of the phone:
+        settings, app data, navigation stack, menu, pointer, turn counter); it continues as
+        this one would on the same actions. Waits for an ``act`` in flight."""
+        async with self._lock:
+            self._check()
+            state = copy.deepcopy(self.state)
+            return self.gym._register(self.task, state, self.start_distance, self.seed)
+
     def _distance(self) -> int:
         return solution_distance(self.task, self.state, self.phone.space)
 
@@ -200,6 +213,8 @@ class SimGym:
     """The simulated phone as a gym: ``list_tasks``, ``start(task)`` → ``SimExecution``."""
 
     gym_id = "sim"
+    can_fork = True
+    """Its executions copy their state (``SimExecution.fork``); the gym server advertises it."""
 
     def __init__(
         self,
@@ -299,7 +314,9 @@ class SimGym:
         self, task: Task, state: PhoneState, start_distance: int | None, seed: int
     ) -> SimExecution:
         execution_id = f"sim-{seed}-{next(self._ids)}"
-        execution = SimExecution(self, execution_id, task, state, self.user_reply, start_distance)
+        execution = SimExecution(
+            self, execution_id, task, state, self.user_reply, start_distance, seed
+        )
         self._live[execution_id] = execution
         return execution
 

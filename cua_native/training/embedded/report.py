@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cua_native.rollout.outcomes import Interval, paired_difference, task_interval
-from cua_native.training.embedded.trainer import STEP_TABLE_HEADER, TrainReport
+from cua_native.training.embedded.trainer import TrainReport, step_table_header
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +113,16 @@ def write_evals(report: TrainReport, path: Path) -> Path:
                 "adv_abs": s.adv_abs,
                 "logp_gap": s.logp_gap,
                 "seconds": s.seconds,
+                "episodes": s.episodes,
+                "samples": s.samples,
+                "uniform_groups": s.uniform_groups,
+                "groups": s.groups,
+                "env_steps": s.env_steps,
+                "root_success": s.root_success,
+                "branch_points": s.branch_points,
+                "extra_env_steps": s.extra_env_steps,
+                "signal_groups": s.signal_groups,
+                "replayed_samples": s.replayed_samples,
             }
             for s in report.steps
         ],
@@ -203,9 +213,9 @@ def print_report(report: TrainReport, *, step_table: bool = True) -> None:
     progress bars printed each row as its step finished)."""
     if step_table:
         print()
-        print(STEP_TABLE_HEADER)
+        print(step_table_header(report.credit))
         for s in report.steps:
-            print(s.table_row())
+            print(s.table_row(report.credit))
     print()
     for point in eval_points(report):
         name = "baseline" if point.step < 0 else f"eval after step {point.step}"

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # torch, transformers and AReaL: imported when the run starts
 
     from cua_native.engine import InProcessEngine
     from cua_native.monitor.client.lifecycle import TrainingMonitor
+    from cua_native.rollout.workflow import CUAAgentWorkflow, GroupOutcome
     from cua_native.training.local_engine import LocalTrainEngine
 
 logger = logging.getLogger(__name__)
@@ -96,8 +97,22 @@ class StepSummary:
         """Share of the step's time spent waiting for rollouts."""
         return self.rollout_seconds / self.seconds if self.seconds > 0 else 0.0
 
-    def table_row(self) -> str:
-        """This step as a row under ``STEP_TABLE_HEADER``."""
+    groups: int = 0
+    """Groups played (dynamic sampling's extra rounds included)."""
+    env_steps: int = 0
+    """Environment steps played: model turns of every played episode, siblings included."""
+    root_success: float = 0.0
+    """Success of the played root episodes (what plain GRPO plays; siblings and replays not)."""
+    branch_points: int = 0
+    extra_env_steps: int = 0
+    """The branching budget spent: turns played by forked siblings."""
+    signal_groups: int = 0
+    """Groups trained on whose advantages are not all 0."""
+    replayed_samples: int = 0
+    """Rows of replayed successes in the update."""
+
+    def table_row(self, credit: bool = False) -> str:
+        """This step as a row under ``step_table_header(credit)``."""
         loss = f"{self.loss:8.4f}" if self.loss is not None else f"{'-':>8}"
         adv = f"{self.adv_abs:6.3f}" if self.adv_abs is not None else f"{'-':>6}"
         gap = f"{self.logp_gap:7.1e}" if self.logp_gap is not None else f"{'-':>7}"
@@ -108,7 +123,22 @@ class StepSummary:
             f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
             f"{self.seconds:>6.1f} {self.rollout_share:>5.0%} {self.rejected_episodes:>4} "
             f"{self.rejected_groups:>4} {self.retries:>5}"
+        ) + (
+            f" {self.branch_points:>6} {self.extra_env_steps:>6} {self.env_steps:>6} "
+            f"{self.signal_groups:>3}/{self.groups:<3} {self.replayed_samples:>6}"
+            if credit
+            else ""
         )
+
+
+CREDIT_COLUMNS = f" {'branch':>6} {'+env':>6} {'env':>6} {'signal':>7} {'replay':>6}"
+"""Columns added when a credit switch is on: branch points, the siblings' extra environment
+steps, all environment steps, groups with signal / groups played, replayed rows."""
+
+
+def step_table_header(credit: bool = False) -> str:
+    """The step table's header, with ``CREDIT_COLUMNS`` when a credit switch is on."""
+    return STEP_TABLE_HEADER + (CREDIT_COLUMNS if credit else "")
 
 
 STEP_TABLE_HEADER = (
@@ -141,6 +171,8 @@ class TrainReport:
     warm_start: dict[str, Any] | None = None
     evaluations: dict[int, EvalResult] = field(default_factory=dict)
     """Evaluation step (-1: baseline) → its result."""
+    credit: bool = False
+    """A credit switch was on (the step table shows its columns)."""
 
 
 def _ppo_step(
@@ -273,6 +305,11 @@ class EmbeddedTrainer:
         self.observers = tuple(observers)
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
+        from cua_native.rollout.replay import ReplayBuffer
+
+        replay = loaded.cua.agent.credit.replay
+        self.replay = ReplayBuffer(replay) if replay.enabled else None
+        """The run's success buffer (``cua.agent.credit.replay``), kept across steps."""
 
     # ------------------------------------------------------------------ set-up
     async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
@@ -404,10 +441,12 @@ class EmbeddedTrainer:
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
         order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
-        self._log(STEP_TABLE_HEADER)
+        credit = cua.agent.credit
+        report.credit = credit.any
+        self._log(step_table_header(credit.any))
         for step in bar:
             started = time.perf_counter()
-            summary, stats = await self._step(session, step, order.next_batch(batch_size))
+            summary, stats = await self._step(session, step, order, batch_size)
             checkpoint = None
             if areal.saver.freq_steps and (step + 1) % areal.saver.freq_steps == 0:
                 checkpoint = report.checkpoint = await self._save(session.policy)
@@ -434,40 +473,46 @@ class EmbeddedTrainer:
 
     # ------------------------------------------------------------------ one step
     async def _step(
-        self, session: Session, step: int, tasks: list[Task]
+        self, session: Session, step: int, order: TaskOrder, batch_size: int
     ) -> tuple[StepSummary, dict[str, float]]:
-        """Play one group per task; update the policy on the groups that have rows (AReaL's
-        PPO step) and hand the new weights to the inference engine."""
+        """Play one group per task of the order's next batch (with ``credit.dynamic_sampling``,
+        replacement groups for those without signal); update the policy on the groups that have
+        rows (AReaL's PPO step) and hand the new weights to the inference engine."""
         from cua_native.rollout.workflow import CUAAgentWorkflow
 
         cua = self.loaded.cua
+        credit = cua.agent.credit
         session.monitor.step_started(step)
         started = time.perf_counter()
         tally, lost = EpisodeTally(), RejectedTime()
         calls = _call_stats(session.gym)
+        drop = cua.skip_uniform_groups or credit.dynamic_sampling
         workflow = CUAAgentWorkflow(
             cua.agent,
             source="step",
             gym=session.gym,
             processor=session.policy.processor,
             observer=FanoutObserver(session.monitor.recorder, tally, lost, *self.observers),
-            skip_uniform_groups=cua.skip_uniform_groups,
+            skip_uniform_groups=drop,
+            replay=self.replay,
         )
-        rows = [dict(session.task_row(task), global_step=step) for task in tasks]
         try:
-            groups = await asyncio.gather(
-                *(workflow.arun_group(session.policy.engine, row) for row in rows)
+            groups = await self._play_step(
+                workflow, session, order.next_batch(batch_size), order, step
             )
         finally:
             await workflow.aclose()
         rollout_seconds = time.perf_counter() - started
         calls_after = _call_stats(session.gym)
-        batch = [group.rows for group in groups if group.rows is not None]
+        played = [group for group in groups if group.samples is not None]
+        trained = [group for group in played if not (drop and group.flat)]
+        batch = [group.samples for group in trained if group.samples is not None]
+        roots = [ok for group in groups for ok in group.root_successes]
         summary = StepSummary(
             step=step,
             episodes=tally.completed,
             rejected_groups=sum(group.rejected for group in groups),
-            uniform_groups=sum(group.uniform for group in groups),
+            uniform_groups=sum(group.flat for group in groups),
             success_rate=tally.success_rate,
             reward_mean=tally.reward_mean,
             reward_std=tally.reward_std,
@@ -479,6 +524,13 @@ class EmbeddedTrainer:
             retries=calls_after[0] - calls[0],
             retry_wait_s=calls_after[1] - calls[1],
             rejected_s=lost.seconds,
+            groups=len(groups),
+            env_steps=sum(group.env_steps for group in groups),
+            root_success=sum(roots) / len(roots) if roots else 0.0,
+            branch_points=sum(group.branch.points for group in groups),
+            extra_env_steps=sum(group.branch.extra_turns for group in groups),
+            signal_groups=sum(not group.flat for group in played),
+            replayed_samples=sum(group.replayed_rows for group in trained),
         )
         stats: dict[str, float] = {}
         if batch:
@@ -528,6 +580,18 @@ class EmbeddedTrainer:
                 "rejected_episode_s": round(summary.rejected_s, 3),
                 "rollout_s": round(summary.rollout_seconds, 3),
                 "rollout_share": round(summary.rollout_share, 4),
+                **(
+                    {
+                        "credit/branch_points": summary.branch_points,
+                        "credit/extra_env_steps": summary.extra_env_steps,
+                        "credit/env_steps": summary.env_steps,
+                        "credit/signal_groups": summary.signal_groups,
+                        "credit/groups": summary.groups,
+                        "credit/replayed_samples": summary.replayed_samples,
+                    }
+                    if self.loaded.cua.agent.credit.any
+                    else {}
+                ),
             },
             status="completed",
         )
@@ -538,7 +602,7 @@ class EmbeddedTrainer:
             success=f"{summary.success_rate:.0%}",
             loss=f"{summary.loss:.3f}" if summary.loss is not None else "-",
         )
-        self._log(summary.table_row())
+        self._log(summary.table_row(self.loaded.cua.agent.credit.any))
 
     # ------------------------------------------------------------------ evaluation, checkpoint
     async def _evaluate(
@@ -548,6 +612,34 @@ class EmbeddedTrainer:
         _keep_eval(report, result)
         when = "baseline" if kind == "baseline" else f"eval after step {step}"
         self._log(f"{when}: success {result.success_rate:.0%}")
+
+    async def _play_step(
+        self,
+        workflow: CUAAgentWorkflow,
+        session: Session,
+        tasks: list[Task],
+        order: TaskOrder,
+        step: int,
+    ) -> list[GroupOutcome]:
+        """The step's groups. With ``credit.dynamic_sampling`` each group without signal is
+        replaced by a group of the next task in the order, for at most ``credit.dynamic_rounds``
+        further rounds (all rounds' groups are returned)."""
+        credit = self.loaded.cua.agent.credit
+        engine = session.policy.engine
+
+        async def play(batch: list[Task]) -> list[GroupOutcome]:
+            rows = [dict(session.task_row(task), global_step=step) for task in batch]
+            return list(await asyncio.gather(*(workflow.arun_group(engine, row) for row in rows)))
+
+        outcomes = await play(tasks)
+        if not credit.dynamic_sampling:
+            return outcomes
+        for _ in range(credit.dynamic_rounds):
+            wanted = len(tasks) - sum(o.samples is not None and not o.flat for o in outcomes)
+            if wanted <= 0:
+                break
+            outcomes += await play(order.next_batch(wanted))
+        return outcomes
 
     def _log(self, line: str) -> None:
         """Without progress bars (logs, ``bench/``), progress is a line per step and per

@@ -78,14 +78,39 @@ def training(session: Session, training_id: int) -> dict[str, Any] | None:
     baselines = session.scalars(
         select(Baseline).where(Baseline.training_id == training_id).order_by(Baseline.id)
     ).all()
+    credit = {s.id: line for s in steps if (line := credit_line(s.metrics_json)) is not None}
     return {
         "training": row,
         "steps": steps,
+        "credit": credit,
         "success": {k: float(v) for k, v in success.items() if v is not None},
         "evals": evals,
         "baselines": baselines,
         "outcomes": eval_outcomes(session, [e.id for e in evals], [b.id for b in baselines]),
     }
+
+
+def credit_line(metrics_json: str | None) -> str | None:
+    """A step's per-step credit figures as one line (``branch_points 3 · extra_env_steps 9 …``):
+    the embedded trainer's ``credit/…`` metrics, or the mean of AReaL's ``…cua/credit/…``
+    stats on the cluster path; ``None`` when the step has none (every switch off)."""
+    try:
+        metrics = json.loads(metrics_json) if metrics_json else {}
+    except ValueError:
+        return None
+    if not isinstance(metrics, dict):
+        return None
+    found: dict[str, float] = {}
+    for key, value in metrics.items():
+        name = key.split("credit/", 1)[1] if "credit/" in key else None
+        if name is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if name.endswith("/avg"):
+            name = name.removesuffix("/avg") + " (mean)"
+        elif "/" in name:
+            continue
+        found[name] = float(value)
+    return " · ".join(f"{k} {v:g}" for k, v in sorted(found.items())) or None
 
 
 def eval_outcomes(
