@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -205,6 +205,7 @@ class InProcessEngine(InferenceEngine):
         )
         """Encoded images by content (``None``: off or not a Qwen3-VL-shaped model); the
         worker's own, read its counters only while no request runs."""
+        self._hashing: ThreadPoolExecutor | None = None  # image keys' chunks, while running
 
     def _pick_decoder(self) -> Literal["slots", "legacy"]:
         reason = unsupported_reason(self.model)
@@ -272,6 +273,10 @@ class InProcessEngine(InferenceEngine):
             if self._thread is not None:
                 return
             self._stopping = False
+            if self.vision_cache is not None:
+                self._hashing = ThreadPoolExecutor(
+                    min(8, os.cpu_count() or 1), thread_name_prefix="image-keys"
+                )
             self._thread = threading.Thread(
                 target=self._worker, name="inprocess-engine", daemon=True
             )
@@ -311,6 +316,9 @@ class InProcessEngine(InferenceEngine):
             thread.join(self.config.join_timeout_s)
         with self._cond:
             self._thread = None
+            hashing, self._hashing = self._hashing, None
+        if hashing is not None:
+            hashing.shutdown(wait=False)
 
     def __enter__(self) -> InProcessEngine:
         self.initialize()
@@ -388,7 +396,7 @@ class InProcessEngine(InferenceEngine):
             int(seed) if seed is not None else (self.config.seed * 1_000_003 + counter) % 2**63
         )
         prepared = await asyncio.to_thread(
-            prepare_input, req, self._vision, self.vision_cache is not None
+            prepare_input, req, self._vision, self.vision_cache is not None, self._hashing
         )
         loop = asyncio.get_running_loop()
         job = _Job(

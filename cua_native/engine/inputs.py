@@ -12,6 +12,7 @@ import base64
 import binascii
 import io
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,9 +128,12 @@ def _check_placeholders(
         )
 
 
-def prepare_input(req: ModelRequest, spec: VisionSpec, keys: bool = False) -> PreparedInput:
+def prepare_input(
+    req: ModelRequest, spec: VisionSpec, keys: bool = False, executor: Executor | None = None
+) -> PreparedInput:
     """Validate ``req`` and gather its model inputs. Raises ``ValueError`` on bad input.
-    ``keys``: also key each image by content (for the engine's vision cache)."""
+    ``keys``: also key each image by content (for the engine's vision cache), hashing on
+    ``executor`` when given."""
     ids = [int(t) for t in req.input_ids]
     if not ids:
         raise ValueError("input_ids is empty.")
@@ -146,5 +150,5 @@ def prepare_input(req: ModelRequest, spec: VisionSpec, keys: bool = False) -> Pr
     _check_placeholders(ids_tensor, mm, spec, "video")
     found: tuple[str, ...] = ()
     if keys and "pixel_values" in mm and "image_grid_thw" in mm:
-        found = image_keys(mm["pixel_values"], mm["image_grid_thw"])
+        found = image_keys(mm["pixel_values"], mm["image_grid_thw"], executor)
     return PreparedInput(input_ids=ids, mm=mm, image_keys=found)

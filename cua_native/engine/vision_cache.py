@@ -9,8 +9,9 @@ image's features do not depend on which other images share the call: caching the
 gives the model's own result (``tests/engine/test_vision_cache.py``: fp32 log-probs against one
 plain forward pass).
 
-* ``image_keys``: one key per image, the SHA-1 of its ``image_grid_thw`` row and its rows of
-  ``pixel_values`` (the bytes the encoder reads; computed off the worker, in input preparation).
+* ``image_keys``: one key per image, a SHA-1 hash tree of its ``image_grid_thw`` row and its
+  rows of ``pixel_values`` (the bytes the encoder reads; computed off the worker, in input
+  preparation, the chunks in parallel).
 * ``VisionCache``: key -> the image's merged embeddings and its deepstack features on the
   model's device, least recently used first out, bounded in bytes. Cleared on every weight
   update (the tower may have changed).
@@ -27,28 +28,51 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections import OrderedDict
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+CHUNK_BYTES = 4 << 20
+"""Images are hashed in chunks of this many bytes (in parallel where an executor is given)."""
 
-def image_keys(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[str, ...]:
-    """One content key per image (its grid row and its ``pixel_values`` rows), in order."""
+
+def image_keys(
+    pixel_values: torch.Tensor, grid_thw: torch.Tensor, executor: Executor | None = None
+) -> tuple[str, ...]:
+    """One content key per image, in order: the SHA-1 of its grid row, the dtype and the
+    SHA-1s of its ``pixel_values`` rows in ``CHUNK_BYTES`` chunks (a hash tree, so the chunks
+    can be hashed in parallel: a 1088x2400 screenshot is 62 MB of float32 rows)."""
     pixels = pixel_values.detach().cpu().contiguous()
     raw = pixels.reshape(pixels.shape[0], -1).view(torch.uint8)  # any dtype, as bytes
     grids = grid_thw.detach().cpu().to(torch.long)
-    keys: list[str] = []
+    rows_per_chunk = max(1, CHUNK_BYTES // max(1, raw.shape[1]))
+    spans: list[tuple[int, int]] = []
+    chunks: list[tuple[int, int]] = []
     start = 0
     for row in grids:
         n = int(row.prod())
-        digest = hashlib.sha1(row.numpy().tobytes(), usedforsecurity=False)
-        digest.update(str(pixels.dtype).encode())
-        digest.update(raw[start : start + n].numpy().data)  # no copy: the rows' buffer
-        keys.append(digest.hexdigest())
+        first = len(chunks)
+        chunks += [
+            (a, min(a + rows_per_chunk, start + n)) for a in range(start, start + n, rows_per_chunk)
+        ]
+        spans.append((first, len(chunks)))
         start += n
     if start != pixels.shape[0]:
         raise ValueError(f"pixel rows {pixels.shape[0]} != patches in the grids {start}")
+
+    def digest(span: tuple[int, int]) -> bytes:
+        data = raw[span[0] : span[1]].numpy().data  # no copy: the rows' buffer
+        return hashlib.sha1(data, usedforsecurity=False).digest()
+
+    digests = list(executor.map(digest, chunks) if executor is not None else map(digest, chunks))
+    keys: list[str] = []
+    for row, (first, last) in zip(grids, spans, strict=True):
+        top = hashlib.sha1(row.numpy().tobytes(), usedforsecurity=False)
+        top.update(str(pixels.dtype).encode())
+        top.update(b"".join(digests[first:last]))
+        keys.append(top.hexdigest())
     return tuple(keys)
 
 

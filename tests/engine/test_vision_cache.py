@@ -115,6 +115,24 @@ def _assert_exact_with(kit: Any, model: Any, req: ModelRequest, resp: Any) -> No
     assert (got - ref).abs().max() <= FP32_TOLERANCE, (got - ref).abs().max()
 
 
+def test_keys_are_the_same_hashed_in_parallel_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cua_native.engine import vision_cache
+
+    grid = torch.tensor([[1, 4, 4], [1, 2, 6]])
+    pixels = torch.randn(28, 6)
+    whole = image_keys(pixels, grid)
+    monkeypatch.setattr(vision_cache, "CHUNK_BYTES", 3 * 6 * 4)  # 3 rows a chunk
+    with ThreadPoolExecutor(3) as pool:
+        chunked = image_keys(pixels, grid, pool)
+    assert chunked == image_keys(pixels, grid)  # chunking is deterministic
+    assert len(set(chunked)) == 2 and chunked != whole  # another tree, still per image
+    changed = pixels.clone()
+    changed[27, 5] += 1.0  # the last value of the last image
+    assert image_keys(changed, grid)[1] != chunked[1]
+
+
 def test_keys_follow_content_not_tensors() -> None:
     grid = torch.tensor([[1, 2, 2], [1, 2, 4]])
     pixels = torch.randn(12, 6)
