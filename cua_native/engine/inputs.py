@@ -132,8 +132,9 @@ def prepare_input(
     req: ModelRequest, spec: VisionSpec, keys: bool = False, executor: Executor | None = None
 ) -> PreparedInput:
     """Validate ``req`` and gather its model inputs. Raises ``ValueError`` on bad input.
-    ``keys``: also key each image by content (for the engine's vision cache), hashing on
-    ``executor`` when given."""
+    ``keys``: also key each image by content (for the engine's vision cache): the keys the
+    prompt builder computed with the pixels (``PromptTensors.image_keys``), else a hash of
+    the rows (on ``executor`` when given)."""
     ids = [int(t) for t in req.input_ids]
     if not ids:
         raise ValueError("input_ids is empty.")
@@ -150,5 +151,9 @@ def prepare_input(
     _check_placeholders(ids_tensor, mm, spec, "video")
     found: tuple[str, ...] = ()
     if keys and "pixel_values" in mm and "image_grid_thw" in mm:
-        found = image_keys(mm["pixel_values"], mm["image_grid_thw"], executor)
+        given = getattr(raw_mm, "image_keys", None)  # the prompt builder's, computed once
+        if isinstance(given, tuple) and len(given) == mm["image_grid_thw"].shape[0]:
+            found = given
+        else:
+            found = image_keys(mm["pixel_values"], mm["image_grid_thw"], executor)
     return PreparedInput(input_ids=ids, mm=mm, image_keys=found)

@@ -115,6 +115,50 @@ def _assert_exact_with(kit: Any, model: Any, req: ModelRequest, resp: Any) -> No
     assert (got - ref).abs().max() <= FP32_TOLERANCE, (got - ref).abs().max()
 
 
+async def test_builder_turns_carry_keys_the_cache_uses(kit: Any) -> None:
+    """Turns from the real prompt builder (MAI-UI, a window of three screenshots): the keys
+    come with the pixels (no hashing in the engine), the same screenshot prepared again gets
+    the same key, and each screenshot is encoded once, exact against one forward pass."""
+    from cua_native.actions.dialects import get_dialect
+    from cua_native.gym.protocol import Screenshot, Task
+    from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
+
+    click = (
+        "<thinking>\nTap\n</thinking>\n<tool_call>\n"
+        '{"name":"mobile_use","arguments":{"action":"click","coordinate":[299,399]}}\n'
+        "</tool_call>"
+    )
+    builder = PromptBuilder(
+        default_prompt_config("mai_ui"), kit.tiny.processor, encode_images=False
+    )
+    engine = kit.engine()
+    try:
+        cache = engine.vision_cache
+        assert cache is not None
+        history: list[HistoryStep] = []
+        for i in range(4):
+            current = await builder.prepare_image(Screenshot(image=kit.screenshot(COLORS[i])))
+            built = await builder.build(
+                Task(task_id="t", instruction="Open Settings"),
+                history[-2:],
+                current,
+                GenerationHyperparameters(max_new_tokens=6, temperature=1.0, ignore_eos=True),
+            )
+            keys = built.request.metadata["multi_modal_input"].image_keys
+            assert keys is not None and len(keys) == min(i + 1, 3)
+            resp = await engine.agenerate(built.request)
+            _assert_exact(kit, built.request, resp)
+            history.append(HistoryStep(current, get_dialect("mai_ui").parse(click), click))
+        assert cache.misses == 4 and cache.hits == 1 + 2 + 2
+        again = await builder.prepare_image(Screenshot(image=kit.screenshot(COLORS[0])))
+        built = await builder.build(
+            Task(task_id="t", instruction="Open Settings"), [], again, _request(kit, [0], 1).gconfig
+        )
+        assert built.request.metadata["multi_modal_input"].image_keys[0] in cache._entries
+    finally:
+        engine.destroy()
+
+
 def test_keys_are_the_same_hashed_in_parallel_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
