@@ -8,10 +8,15 @@ a job and awaits its future. Two decoders (``InProcessEngineConfig.decoder``):
   ``max_batch_size`` rows run; they are prefilled in left-padded groups of at most
   ``prefill_tokens`` padded tokens, their keys/values copied into fixed-shape slots
   (``kv_arena.py``), and every decode step runs all rows at once (``text_step.py``: a
-  CUDA graph per batch bucket on CUDA). Rows leave as soon as they stop.
+  CUDA graph per batch bucket on CUDA). Rows leave as soon as they stop. Queued jobs are
+  admitted only while the arena fits ``kv_cache_gib`` (first come, first served), and the
+  waiting rows are prefilled shortest first.
 * ``legacy`` (any model): static batching. Up to ``max_batch_size`` queued jobs are
   prefilled as one batch and decoded together over transformers' ``DynamicCache`` until
   each stops; jobs that arrive meanwhile wait for the next batch.
+
+Both decoders take Qwen3-VL images' encoder outputs from a cache keyed by image content
+(``vision_cache.py``), so a screenshot shown by several prompts is encoded once.
 
 Weight updates, version changes and pauses are applied by the worker between two forward
 passes, so they never overlap one. After a weight update the running rows are re-prefilled
