@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, PreTrainedModel
 
 from cua_native.engine.inputs import VisionSpec
+from cua_native.engine.vision_cache import CachedVisionForward, ImageInput, VisionCache
 from cua_native.prompts.token_types import mm_token_type_ids
 
 _DECODE_SDPA_BACKENDS = (
@@ -46,12 +47,20 @@ class RowInput:
 
     ids: list[int]
     mm: dict[str, torch.Tensor]
+    image_keys: tuple[str, ...] = ()
+    """One content key per image of ``mm`` (the vision cache's keys), or none."""
 
 
 class BatchDecoder:
     """Holds the KV cache, attention mask and next positions of the rows being decoded."""
 
-    def __init__(self, model: PreTrainedModel, device: torch.device, pad_id: int) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        device: torch.device,
+        pad_id: int,
+        vision_cache: VisionCache | None = None,
+    ) -> None:
         self._model = model
         self._device = device
         self._pad_id = pad_id
@@ -62,6 +71,11 @@ class BatchDecoder:
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None
         self._next_pos: torch.Tensor | None = None
+        self._vision = (
+            CachedVisionForward(model, vision_cache)
+            if vision_cache is not None and CachedVisionForward.supports(model)
+            else None
+        )
 
     @property
     def size(self) -> int:
@@ -126,6 +140,15 @@ class BatchDecoder:
             ids[i, width - n :] = torch.tensor(row.ids, dtype=torch.long)
             mask[i, width - n :] = 1
             pos[:, i, width - n :] = row_pos
+        self._cache = DynamicCache(config=self._model.config)
+        self._mask = mask.to(self._device)
+        self._next_pos = torch.stack([p.max() + 1 for p in positions]).to(self._device)
+        if self._vision is not None and any(r.mm for r in rows) and all(map(_keyed, rows)):
+            images = [image for r in rows if r.mm for image in _images_of(r)]
+            with sdpa_without_cudnn(self._device):
+                return self._vision(
+                    ids.to(self._device), self._mask, pos.to(self._device), self._cache, images
+                )
         mm: dict[str, torch.Tensor] = {}
         for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
             parts = [r.mm[key] for r in rows if key in r.mm]
@@ -134,9 +157,6 @@ class BatchDecoder:
                 if key.startswith("pixel_values"):
                     tensor = tensor.to(self._model.dtype)
                 mm[key] = tensor
-        self._cache = DynamicCache(config=self._model.config)
-        self._mask = mask.to(self._device)
-        self._next_pos = torch.stack([p.max() + 1 for p in positions]).to(self._device)
         return self._forward(ids.to(self._device), pos.to(self._device), **mm)
 
     def step(self, tokens: list[int]) -> torch.Tensor:
@@ -169,3 +189,25 @@ class BatchDecoder:
         self._cache = None
         self._mask = None
         self._next_pos = None
+
+
+def _keyed(row: RowInput) -> bool:
+    """Whether ``row``'s vision inputs can go through the cache: images only, each keyed."""
+    if not row.mm:
+        return True
+    if set(row.mm) != {"pixel_values", "image_grid_thw"}:
+        return False
+    return len(row.image_keys) == row.mm["image_grid_thw"].shape[0]
+
+
+def _images_of(row: RowInput) -> list[ImageInput]:
+    """``row``'s images in prompt order: key, its ``pixel_values`` rows (a view), grid row."""
+    grids = row.mm["image_grid_thw"]
+    pixels = row.mm["pixel_values"]
+    images: list[ImageInput] = []
+    start = 0
+    for key, grid in zip(row.image_keys, grids, strict=True):
+        n = int(grid.prod())
+        images.append(ImageInput(key, pixels[start : start + n], grid))
+        start += n
+    return images

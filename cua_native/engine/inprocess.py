@@ -8,10 +8,15 @@ a job and awaits its future. Two decoders (``InProcessEngineConfig.decoder``):
   ``max_batch_size`` rows run; they are prefilled in left-padded groups of at most
   ``prefill_tokens`` padded tokens, their keys/values copied into fixed-shape slots
   (``kv_arena.py``), and every decode step runs all rows at once (``text_step.py``: a
-  CUDA graph per batch bucket on CUDA). Rows leave as soon as they stop.
+  CUDA graph per batch bucket on CUDA). Rows leave as soon as they stop. Queued jobs are
+  admitted only while the arena fits ``kv_cache_gib`` (first come, first served), and the
+  waiting rows are prefilled shortest first.
 * ``legacy`` (any model): static batching. Up to ``max_batch_size`` queued jobs are
   prefilled as one batch and decoded together over transformers' ``DynamicCache`` until
   each stops; jobs that arrive meanwhile wait for the next batch.
+
+Both decoders take Qwen3-VL images' encoder outputs from a cache keyed by image content
+(``vision_cache.py``), so a screenshot shown by several prompts is encoded once.
 
 Weight updates, version changes and pauses are applied by the worker between two forward
 passes, so they never overlap one. After a weight update the running rows are re-prefilled
@@ -36,7 +41,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +56,7 @@ from cua_native.engine.inputs import PreparedInput, VisionSpec, prepare_input
 from cua_native.engine.sampling import LOGPROB_MODES, SampledToken, SamplingParams, sample_rows
 from cua_native.engine.slots import SlotDecoder
 from cua_native.engine.text_step import unsupported_reason
+from cua_native.engine.vision_cache import CachedVisionForward, VisionCache
 from cua_native.engine.weights import (
     NamedTensors,
     check_named_tensors,
@@ -90,12 +96,25 @@ class InProcessEngineConfig:
     decode_attention: Literal["auto", "flash", "matmul"] = "auto"
     """Attention of the ``slots`` decode step (``text_step.py``): ``auto`` is ``flash`` on
     CUDA in bf16/fp16, else ``matmul``."""
+    kv_cache_gib: float | None = None
+    """Most GiB the ``slots`` decoder's KV arena may hold: queued requests join only while
+    the arena, sized for every admitted row's prompt + ``max_new_tokens``, stays within it
+    (first come, first served; one row always runs). ``None``: on CUDA, 75 % of the memory
+    free when the worker starts (the rest for the prefill's activations and the vision
+    cache); no limit on CPU."""
+    vision_cache_mb: int = 2048
+    """Most MiB of vision-encoder outputs kept by image content (``vision_cache.py``; Qwen3-VL
+    shaped models), so a screenshot shown by several prompts is encoded once; 0: off."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if self.decoder not in ("auto", "slots", "legacy"):
             raise ValueError("decoder must be one of auto, slots, legacy")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be > 0")
+        if self.vision_cache_mb < 0:
+            raise ValueError("vision_cache_mb must be >= 0")
         if self.kv_block < 1 or self.prefill_tokens < 1:
             raise ValueError("kv_block and prefill_tokens must be >= 1")
         if self.logprob_mode not in LOGPROB_MODES:
@@ -120,7 +139,11 @@ class _Job:
     needs_prefill: bool = True
 
     def row(self) -> RowInput:
-        return RowInput(ids=self.prepared.input_ids + self.tokens, mm=self.prepared.mm)
+        return RowInput(
+            ids=self.prepared.input_ids + self.tokens,
+            mm=self.prepared.mm,
+            image_keys=self.prepared.image_keys,
+        )
 
 
 @dataclass(eq=False)
@@ -180,6 +203,14 @@ class InProcessEngine(InferenceEngine):
         self._failure: BaseException | None = None
         self._running_rows = 0
         self.decoder_kind = self._pick_decoder()
+        self.vision_cache = (
+            VisionCache(self.config.vision_cache_mb * 2**20)
+            if self.config.vision_cache_mb > 0 and CachedVisionForward.supports(self.model)
+            else None
+        )
+        """Encoded images by content (``None``: off or not a Qwen3-VL-shaped model); the
+        worker's own, read its counters only while no request runs."""
+        self._hashing: ThreadPoolExecutor | None = None  # image keys' chunks, while running
 
     def _pick_decoder(self) -> Literal["slots", "legacy"]:
         reason = unsupported_reason(self.model)
@@ -247,6 +278,10 @@ class InProcessEngine(InferenceEngine):
             if self._thread is not None:
                 return
             self._stopping = False
+            if self.vision_cache is not None:
+                self._hashing = ThreadPoolExecutor(
+                    min(8, os.cpu_count() or 1), thread_name_prefix="image-keys"
+                )
             self._thread = threading.Thread(
                 target=self._worker, name="inprocess-engine", daemon=True
             )
@@ -286,6 +321,9 @@ class InProcessEngine(InferenceEngine):
             thread.join(self.config.join_timeout_s)
         with self._cond:
             self._thread = None
+            hashing, self._hashing = self._hashing, None
+        if hashing is not None:
+            hashing.shutdown(wait=False)
 
     def __enter__(self) -> InProcessEngine:
         self.initialize()
@@ -362,7 +400,9 @@ class InProcessEngine(InferenceEngine):
         generator.manual_seed(
             int(seed) if seed is not None else (self.config.seed * 1_000_003 + counter) % 2**63
         )
-        prepared = await asyncio.to_thread(prepare_input, req, self._vision)
+        prepared = await asyncio.to_thread(
+            prepare_input, req, self._vision, self.vision_cache is not None, self._hashing
+        )
         loop = asyncio.get_running_loop()
         job = _Job(
             prepared=prepared,
@@ -445,6 +485,8 @@ class InProcessEngine(InferenceEngine):
 
         def apply() -> None:
             copy_into(self.model, items)
+            if self.vision_cache is not None:  # the vision tower may have changed
+                self.vision_cache.clear()
             if version is not None:
                 self.set_version(version)
 
@@ -489,8 +531,12 @@ class InProcessEngine(InferenceEngine):
         return result
 
     # ------------------------------------------------------------------ worker
-    def _take_work(self, active: list[_Job]) -> tuple[_Op | None, list[_Job], bool]:
-        """Block until there is something to do; returns (op, new jobs, stop)."""
+    def _take_work(
+        self, active: list[_Job], fits: Callable[[int, int], bool] | None = None
+    ) -> tuple[_Op | None, list[_Job], bool]:
+        """Block until there is something to do; returns (op, new jobs, stop). ``fits(rows,
+        horizon)``: whether the KV memory holds that many rows that long (admission stops
+        at the first queued job that would not fit: first come, first served)."""
         with self._cond:
             while True:
                 if self._stopping:
@@ -509,8 +555,9 @@ class InProcessEngine(InferenceEngine):
                     and self._pending
                     and not (self._gen_paused or self._admission_paused)
                 ):
-                    size = min(room, len(self._pending))
-                    return None, [self._pending.popleft() for _ in range(size)], False
+                    size = self._admissible(active, min(room, len(self._pending)), fits)
+                    if size:
+                        return None, [self._pending.popleft() for _ in range(size)], False
                 if active and any(j.cancelled for j in active):
                     return None, [], False
                 if active and self._gen_paused and self.config.abort_on_pause:
@@ -523,12 +570,31 @@ class InProcessEngine(InferenceEngine):
                     and not (self._gen_paused or self._admission_paused)
                 ):
                     size = min(self.config.max_batch_size, len(self._pending))
+                    size = max(1, self._admissible(active, size, fits))  # one row at least
                     return None, [self._pending.popleft() for _ in range(size)], False
                 self._cond.wait()
 
+    def _admissible(
+        self, active: list[_Job], most: int, fits: Callable[[int, int], bool] | None
+    ) -> int:
+        """How many of the first ``most`` queued jobs can join ``active`` within the KV
+        budget (called with the lock held)."""
+        if fits is None:
+            return most
+        horizon = max((self._horizon_of(job) for job in active), default=0)
+        for taken in range(most):
+            horizon = max(horizon, self._horizon_of(self._pending[taken]))
+            if not fits(len(active) + taken + 1, horizon):
+                return taken
+        return most
+
+    @staticmethod
+    def _horizon_of(job: _Job) -> int:
+        return len(job.prepared.input_ids) + job.params.max_new_tokens
+
     def _new_decoder(self) -> BatchDecoder | SlotDecoder:
         if self.decoder_kind == "legacy":
-            return BatchDecoder(self.model, self.device, self._pad_id)
+            return BatchDecoder(self.model, self.device, self._pad_id, self.vision_cache)
         return SlotDecoder(
             self.model,
             self.device,
@@ -537,6 +603,8 @@ class InProcessEngine(InferenceEngine):
             self.config.cuda_graphs,
             self.config.decode_attention,
             self.config.decode_compile,
+            self.vision_cache,
+            None if self.config.kv_cache_gib is None else int(self.config.kv_cache_gib * 2**30),
         )
 
     def _worker(self) -> None:
@@ -545,7 +613,9 @@ class InProcessEngine(InferenceEngine):
             decoder = self._new_decoder()
             with torch.inference_mode():
                 while True:
-                    op, new_jobs, stop = self._take_work(active)
+                    op, new_jobs, stop = self._take_work(
+                        active, decoder.fits if isinstance(decoder, SlotDecoder) else None
+                    )
                     if stop:
                         break
                     if op is not None:
@@ -621,7 +691,11 @@ class InProcessEngine(InferenceEngine):
     def _advance_slots(self, decoder: SlotDecoder, active: list[_Job]) -> list[_Job]:
         """Continuous batching: prefill one group of waiting rows, or step every row."""
         version = self.get_version()
-        waiting = [i for i, job in enumerate(active) if job.needs_prefill]
+        # shortest first: the median row's first token comes sooner, the total is the same
+        waiting = sorted(
+            (i for i, job in enumerate(active) if job.needs_prefill),
+            key=lambda i: len(active[i].prepared.input_ids) + len(active[i].tokens),
+        )
         if waiting:
             group: list[int] = []
             for i in waiting:

@@ -12,12 +12,15 @@ import base64
 import binascii
 import io
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from areal.api.io_struct import ModelRequest
 from PIL import Image
+
+from cua_native.engine.vision_cache import image_keys
 
 MM_TENSOR_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
@@ -47,6 +50,8 @@ class PreparedInput:
     input_ids: list[int]
     mm: dict[str, torch.Tensor] = field(default_factory=dict)
     """``pixel_values``/``image_grid_thw`` (and video equivalents) for the whole prompt."""
+    image_keys: tuple[str, ...] = ()
+    """One content key per image (``vision_cache.image_keys``), when asked for."""
 
     @property
     def has_vision(self) -> bool:
@@ -123,8 +128,13 @@ def _check_placeholders(
         )
 
 
-def prepare_input(req: ModelRequest, spec: VisionSpec) -> PreparedInput:
-    """Validate ``req`` and gather its model inputs. Raises ``ValueError`` on bad input."""
+def prepare_input(
+    req: ModelRequest, spec: VisionSpec, keys: bool = False, executor: Executor | None = None
+) -> PreparedInput:
+    """Validate ``req`` and gather its model inputs. Raises ``ValueError`` on bad input.
+    ``keys``: also key each image by content (for the engine's vision cache): the keys the
+    prompt builder computed with the pixels (``PromptTensors.image_keys``), else a hash of
+    the rows (on ``executor`` when given)."""
     ids = [int(t) for t in req.input_ids]
     if not ids:
         raise ValueError("input_ids is empty.")
@@ -139,4 +149,11 @@ def prepare_input(req: ModelRequest, spec: VisionSpec) -> PreparedInput:
     ids_tensor = torch.tensor(ids, dtype=torch.long)
     _check_placeholders(ids_tensor, mm, spec, "image")
     _check_placeholders(ids_tensor, mm, spec, "video")
-    return PreparedInput(input_ids=ids, mm=mm)
+    found: tuple[str, ...] = ()
+    if keys and "pixel_values" in mm and "image_grid_thw" in mm:
+        given = getattr(raw_mm, "image_keys", None)  # the prompt builder's, computed once
+        if isinstance(given, tuple) and len(given) == mm["image_grid_thw"].shape[0]:
+            found = given
+        else:
+            found = image_keys(mm["pixel_values"], mm["image_grid_thw"], executor)
+    return PreparedInput(input_ids=ids, mm=mm, image_keys=found)

@@ -67,6 +67,17 @@ class KVArena:
             target = max(length, min(target, horizon))
         return -(-target // self._block) * self._block
 
+    def bytes_for(self, rows: int, length: int, grown: bool = True) -> int:
+        """Bytes of an arena for ``rows`` rows of ``length`` positions: grown from the
+        present one (``ensure``), or sized afresh (``fit``, with no row held)."""
+        layers, heads, dim = self._shape
+        slots = batch_bucket(rows)
+        capacity = -(-length // self._block) * self._block
+        if grown:
+            slots, capacity = max(self.slots, slots), max(self.capacity, capacity)
+        itemsize = torch.empty((), dtype=self._dtype).element_size()
+        return 2 * layers * slots * capacity * heads * dim * itemsize
+
     def ensure(self, rows: int, length: int, horizon: int | None = None) -> bool:
         """Make room for ``rows`` slots of ``length`` positions; True when storage moved.
 

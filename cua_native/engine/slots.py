@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.kv_arena import KVArena, batch_bucket
 from cua_native.engine.text_step import DecodeGraphs, StepInputs, TextStack, pick_attention
+from cua_native.engine.vision_cache import VisionCache
 
 
 class SlotDecoder:
@@ -29,6 +30,8 @@ class SlotDecoder:
         cuda_graphs: bool,
         attention: str = "auto",
         compiled: bool = False,
+        vision_cache: VisionCache | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         self._device = device
         dtype = model.get_output_embeddings().weight.dtype
@@ -37,7 +40,7 @@ class SlotDecoder:
         # compiled elementwise kernels only inside graphs: eager, their guards would cost
         # more host time per step than the launches they save
         self._stack = TextStack(model, self.attention, compiled=compiled and graphs)
-        self._prefiller = BatchDecoder(model, device, pad_id)
+        self._prefiller = BatchDecoder(model, device, pad_id, vision_cache)
         self._arena = KVArena(
             self._stack.layers,
             self._stack.kv_heads,
@@ -53,6 +56,10 @@ class SlotDecoder:
                 self._stack.warm_up(device)
         self._lengths: list[int] = []
         self._next_pos: list[int] = []
+        if kv_budget_bytes is None and device.type == "cuda":
+            kv_budget_bytes = int(0.75 * torch.cuda.mem_get_info(device)[0])
+        self.kv_budget_bytes = kv_budget_bytes
+        """Most bytes the arena may take (``None``: no limit); see ``fits``."""
 
     @property
     def size(self) -> int:
@@ -61,6 +68,16 @@ class SlotDecoder:
     @property
     def graph_captures(self) -> int:
         return 0 if self._graphs is None else self._graphs.captures
+
+    def fits(self, rows: int, horizon: int) -> bool:
+        """Whether an arena for ``rows`` rows of up to ``horizon`` positions (never less than
+        it holds now) stays within the budget. Up to 8 rows the arena may add 1/8 headroom
+        past the horizon (``KVArena.fit``), so that is counted too."""
+        if self.kv_budget_bytes is None:
+            return True
+        length = horizon + (horizon // 8 if rows <= 8 else 0)
+        needed = self._arena.bytes_for(rows, length, grown=any(self._lengths))
+        return needed <= self.kv_budget_bytes
 
     def _pad_to(self, total: int) -> None:
         self._lengths += [0] * (total - len(self._lengths))

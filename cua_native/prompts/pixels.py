@@ -17,8 +17,9 @@ before use.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,10 @@ class ImageFeatures:
     """``(grid_t·grid_h·grid_w, channels·temporal_patch·patch²)`` rows for this image."""
     image_grid_thw: torch.Tensor
     """``(1, 3)``: ``[grid_t, grid_h, grid_w]``."""
+    content_key: str | None = None
+    """SHA-1 of everything the rows are a function of: the image processor's settings and
+    the image's mode, size and pixel bytes (``image_features`` sets it). An engine's vision
+    cache keys the image by it instead of hashing the rows (8x the bytes of the image)."""
 
     @property
     def patches(self) -> int:
@@ -194,8 +199,17 @@ def image_features(
     ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``)."""
     key = image_processor_key(image_processor)
     if kernel is not None:
-        return image.cached(key, lambda: kernel(image.image))
-    return image.cached(key, lambda: compute_features(image_processor, image))
+        return image.cached(key, lambda: _keyed(kernel(image.image), key, image.image))
+    return image.cached(
+        key, lambda: _keyed(compute_features(image_processor, image), key, image.image)
+    )
+
+
+def _keyed(features: ImageFeatures, processor: Hashable, image: Image.Image) -> ImageFeatures:
+    digest = hashlib.sha1(repr(processor).encode(), usedforsecurity=False)
+    digest.update(f"{image.mode} {image.size}".encode())
+    digest.update(image.tobytes())
+    return replace(features, content_key=digest.hexdigest())
 
 
 def concat_features(features: Sequence[ImageFeatures]) -> dict[str, torch.Tensor]:
@@ -256,6 +270,15 @@ class PromptTensors(Mapping[str, torch.Tensor]):
         else:
             self._image_keys = ("pixel_values", "image_grid_thw") if pixels.features else ()
         self._values: dict[str, torch.Tensor] = {}
+
+    @property
+    def image_keys(self) -> tuple[str, ...] | None:
+        """One content key per image (``ImageFeatures.content_key``), or ``None`` when the
+        tensors were computed as a whole or an image has no key."""
+        keys = tuple(f.content_key for f in self.pixels.features)
+        if self.pixels.given is not None or not keys or None in keys:
+            return None
+        return tuple(k for k in keys if k is not None)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         value = self._values.get(key)
