@@ -22,8 +22,14 @@ from pathlib import Path
 from cua_native.config import load_config
 from cua_native.gym.sim.tasks import catalogue
 from cua_native.prompts import default_prompt_config, dialect_for
-from cua_native.training.demos import Demo, DemoSpec, collect_demos, same_action, source_for
-from cua_native.training.warm_start import demo_reply
+from cua_native.training.warmstart.demos import (
+    Demo,
+    DemoSpec,
+    collect_demos,
+    same_action,
+    source_for,
+)
+from cua_native.training.warmstart.sft import demo_reply
 
 
 async def score(

@@ -28,7 +28,7 @@ Sections (``--sections``, all by default):
   graphs eager-kernel (no ``torch.compile`` of the elementwise work).
 * ``grpo``: ``LocalTrainEngine`` + AReaL's ``PPOActor`` with the embedded default's actor
   config on the tiny model: groups sampled from the engine, then the phases of
-  ``cua_native.training.embedded._ppo_step`` timed one by one (``compute_logp``, checked
+  ``cua_native.training.embedded.trainer._ppo_step`` timed one by one (``compute_logp``, checked
   against the engine's log-probs; ``compute_advantages``; ``ppo_update``) and the new weights
   copied into the engine, whose next tokens carry the new version and match the trainer.
 

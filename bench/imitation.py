@@ -37,8 +37,8 @@ from cua_native.models.tiny import TinySpec, build_tiny_qwen3_vl
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
 from cua_native.rollout.factories import tokenizer_corpus
-from cua_native.training.demos import Demo, DemoSpec, collect_demos, source_for
-from cua_native.training.warm_start import (
+from cua_native.training.warmstart.demos import Demo, DemoSpec, collect_demos, source_for
+from cua_native.training.warmstart.sft import (
     FirstStepScore,
     TurnOutcome,
     score_first_steps,

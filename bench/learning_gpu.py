@@ -225,8 +225,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from cua_native.train import main as train_main
-    from cua_native.training.demos import source_for
-    from cua_native.training.warm_start import warm_start
+    from cua_native.training.warmstart.demos import source_for
+    from cua_native.training.warmstart.sft import warm_start
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

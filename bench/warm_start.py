@@ -22,8 +22,8 @@ from cua_native.config import WarmStart
 from cua_native.models.tiny import build_tiny_qwen3_vl
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
-from cua_native.training.demos import Demo, DemoSpec, collect_demos
-from cua_native.training.warm_start import FirstStepScore, score_first_steps, warm_start
+from cua_native.training.warmstart.demos import Demo, DemoSpec, collect_demos
+from cua_native.training.warmstart.sft import FirstStepScore, score_first_steps, warm_start
 
 
 async def _scores(

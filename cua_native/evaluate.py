@@ -1,16 +1,23 @@
-"""``python -m cua_native.evaluate``: run a model on a gym's tasks without training.
+"""``python -m cua_native.evaluate``: the trainer's evaluation of a model, without training.
+
+It runs the embedded trainer's own evaluation (``training.embedded.evaluation``) on the config's
+evaluation tasks (``cua.eval_tasks``, else ``cua.tasks``; ``--tasks`` narrows them by task
+number, ``sim-001`` = 1, or by task id), ``cua.eval_episodes_per_task`` episodes per task
+(``--episodes``), on ``cua.device``, from the model the trainer starts from
+(``cua.agent.model_path``, or the tiny Qwen3-VL after the configured warm start, both cached):
+with the same config and seed its figures are the trainer's baseline. It reads the training
+config through the same loader as ``train`` (``--config``, default ``configs/default.yaml``; its
+monitor settings say where episodes are recorded); flags and trailing ``key=value`` arguments
+override it.
 
 Prints a table per task and in total; ``--json`` makes the LAST line one JSON object with
 ``episodes``, ``completed``, ``rejected``, ``success_rate``, ``turns_mean``, ``parse_errors`` (by
 kind), ``false_done`` (episodes the agent ended with ``terminate(success)`` that failed),
-``token_mismatches`` and ``leaked_executions`` (executions started minus closed, or what
-an HTTP gym server that lists its executions still holds from this run: 0).
-It reads the training config through the same loader as ``train`` (``--config``, default
-``configs/default.yaml``; its ``cua.agent`` is the agent, its monitor settings say where episodes
-are recorded); flags and trailing ``key=value`` arguments override it. With no options it runs the
-embedded default: SimGym, the tiny Qwen3-VL (built once, cached), the in-process engine on CPU.
-Bad input (URLs, paths, the database) is one line and a non-zero exit before anything heavy is
-imported; every episode rejected is a non-zero exit too.
+``token_mismatches``, ``outcomes`` (task id → each episode's success), ``failed_groups``,
+``model`` (the directory evaluated) and ``leaked_executions`` (executions started minus closed, or what an HTTP gym server that lists
+its executions still holds from this run: 0). Bad input (URLs, paths, the database, ``--tasks``)
+is one line and a non-zero exit before any model is loaded; every episode rejected, a failed
+group or a leaked execution is a non-zero exit too.
 """
 
 from __future__ import annotations
@@ -20,21 +27,18 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import sys
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cua_native import cli_checks
 from cua_native.gym.protocol import Execution, Gym, GymError, Task
-from cua_native.rollout.records import EpisodeContext, EpisodeObserver, EpisodeTally, NullObserver
 
 if TYPE_CHECKING:  # the rollout stack imports AReaL and torch: only once the input is checked
     from cua_native.config import LoadedConfig
-    from cua_native.rollout.config import AgentConfig
-    from cua_native.rollout.episode import EpisodeRun
+    from cua_native.monitor.client.lifecycle import TrainingMonitor
+    from cua_native.training.embedded.evaluation import EvalResult
 
 
 class UsageError(ValueError):
@@ -96,33 +100,6 @@ class _CountedExecution:
             self.ledger.closed += 1
 
 
-def select_tasks(tasks: Sequence[Task], spec: str | None) -> list[Task]:
-    """``spec``: comma-separated task ids and/or 0-based index ranges (``3``, ``0-4``)."""
-    if not tasks:
-        raise UsageError("the gym has no tasks")
-    if not spec:
-        return list(tasks)
-    by_id = {task.task_id: task for task in tasks}
-    chosen: list[Task] = []
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            continue
-        if item in by_id:
-            chosen.append(by_id[item])
-            continue
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
-        if match is None:
-            raise UsageError(f"--tasks: unknown task id {item!r}")
-        low = int(match.group(1))
-        high = int(match.group(2)) if match.group(2) else low
-        if low > high or high >= len(tasks):
-            raise UsageError(f"--tasks: range {item!r} outside 0-{len(tasks) - 1}")
-        chosen.extend(tasks[low : high + 1])
-    if not chosen:
-        raise UsageError("--tasks selects no task")
-    return chosen
-
-
 def build_config(args: argparse.Namespace) -> LoadedConfig:
     """The training config (``--config``, default ``configs/default.yaml``) through the one
     loader, with the command-line flags and ``key=value`` overrides on top."""
@@ -133,6 +110,8 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
         overrides.append(f"cua.agent.family={args.family}")
     if args.gym_id:
         overrides.append(f"cua.agent.gym.gym_id={args.gym_id}")
+    if args.episodes is not None:
+        overrides.append(f"cua.eval_episodes_per_task={args.episodes}")
     if args.seed is not None:
         overrides += [f"seed={args.seed}", f"cua.agent.gym.seed={args.seed}"]
     if args.run_dir:
@@ -148,80 +127,23 @@ def build_config(args: argparse.Namespace) -> LoadedConfig:
     return load_config(args.config, overrides, gym_url=args.gym_url or None)
 
 
-async def evaluate(
-    config: AgentConfig,
-    tasks: Sequence[Task],
-    *,
-    gym: CountingGym,
-    engine: Any,
-    processor: Any,
-    episodes: int,
-    concurrency: int,
-    observer: EpisodeObserver,
-    progress: bool = True,
-) -> list[tuple[Task, EpisodeRun]]:
-    """Run ``episodes`` episodes, round-robin over ``tasks``, at most ``concurrency`` at once."""
-    from tqdm import tqdm
-
-    from cua_native.rollout.episode import run_with_retry
-    from cua_native.rollout.factories import make_agent, media_client
-
-    http = media_client(config.gym)
-    agent = make_agent(config, processor, http=http)
-    gate = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=episodes, file=sys.stderr, disable=not progress, desc="episodes")
-    group_id = uuid.uuid4().hex
-
-    async def one(ordinal: int) -> tuple[Task, EpisodeRun]:
-        task = tasks[ordinal % len(tasks)]
-        async with gate:
-            run = await run_with_retry(
-                gym=gym,
-                task=task,
-                engine=engine,
-                agent=agent,
-                make_context=lambda attempt: EpisodeContext(
-                    task=task,
-                    group_id=group_id,
-                    attempt=attempt,
-                    source="baseline",
-                    step=0,
-                    meta={"ordinal": ordinal},
-                ),
-                observer=observer,
-            )
-        bar.update(1)
-        return task, run
-
-    try:
-        return list(await asyncio.gather(*(one(i) for i in range(episodes))))
-    finally:
-        bar.close()
-        if http is not None:
-            await http.aclose()
-
-
-def render_table(results: Sequence[tuple[Task, EpisodeRun]]) -> tuple[str, EpisodeTally]:
-    per_task: dict[str, EpisodeTally] = {}
-    total = EpisodeTally()
-    for task, run in results:
-        per_task.setdefault(task.task_id, EpisodeTally()).episode_finished(run.record)
-        total.episode_finished(run.record)
+def render_table(result: EvalResult) -> str:
     header = (
         f"{'task':<28} {'eps':>4} {'ok':>4} {'rej':>4} {'succ':>6} {'reward':>7} {'turns':>6} "
         f"{'perr':>5} {'fdone':>5}"
     )
     lines = [header, "-" * len(header)]
-    for name, s in [*per_task.items(), ("TOTAL", total)]:
+    for name, s in [*sorted(result.per_task.items()), ("TOTAL", result.total)]:
         lines.append(
             f"{name[:28]:<28} {s.episodes:>4} {s.completed:>4} {s.rejected:>4} "
             f"{s.success_rate:>6.2f} {s.reward_mean:>7.3f} {s.turns_mean:>6.2f} "
             f"{sum(s.parse_errors.values()):>5} {s.false_done:>5}"
         )
-    return "\n".join(lines), total
+    return "\n".join(lines)
 
 
-def summary_json(total: EpisodeTally, leaked: int) -> dict[str, Any]:
+def summary_json(result: EvalResult, leaked: int) -> dict[str, Any]:
+    total = result.total
     return {
         "episodes": total.episodes,
         "completed": total.completed,
@@ -233,14 +155,25 @@ def summary_json(total: EpisodeTally, leaked: int) -> dict[str, Any]:
         "parse_errors": total.parse_errors,
         "false_done": total.false_done,
         "token_mismatches": total.token_mismatches,
+        "outcomes": {task: list(wins) for task, wins in sorted(result.outcomes.items())},
+        "failed_groups": result.failed_groups,
         "leaked_executions": leaked,
     }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cua_native.evaluate", description=__doc__)
-    parser.add_argument("--episodes", type=int, default=4, help="episodes in total (default 4)")
-    parser.add_argument("--tasks", help="task ids and/or index ranges, e.g. 0-3 or a,b")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per task (cua.eval_episodes_per_task; default: the config's)",
+    )
+    parser.add_argument(
+        "--tasks",
+        help="of the config's eval tasks, task numbers (1-3,8; sim-001 = 1) or task ids "
+        "(sim-001,sim-004); the config's gym seeds still apply",
+    )
     parser.add_argument(
         "--config", help="training config YAML (default: configs/default.yaml); uses cua.agent"
     )
@@ -248,7 +181,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--family", choices=["mai_ui", "qwen3_vl"])
     parser.add_argument("--gym-url", help="base URL of a gym server (HttpGym)")
     parser.add_argument("--gym-id", help="gym id on that server")
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="task groups played at once (default: all, as the trainer does)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="simulator and sampling seed")
     parser.add_argument("--monitor", help="Training Monitor base URL to record the episodes to")
     parser.add_argument(
@@ -266,10 +204,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_intermixed_args(argv)  # key=value overrides may stand anywhere
-    if args.episodes < 1:
+    if args.episodes is not None and args.episodes < 1:
         raise UsageError("--episodes must be >= 1")
-    if args.concurrency < 1:
+    if args.concurrency is not None and args.concurrency < 1:
         raise UsageError("--concurrency must be >= 1")
+    if args.tasks is not None:
+        check_task_selection(args.tasks)
     if args.gym_id and not args.gym_url and not args.config:
         raise UsageError("--gym-id needs --gym-url")
     if args.monitor:
@@ -282,68 +222,69 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any]:
-    from cua_native.rollout.factories import (
-        load_engine,
-        load_processor,
-        make_gym,
-        resolve_model_path,
-    )
-    from cua_native.rollout.runtime import freeze_startup_heap
+def check_task_selection(selection: str) -> None:
+    """``--tasks``' grammar, before anything heavy is imported: ``UsageError`` (one line)."""
+    from cua_native.rollout.dataset import TaskSource, TaskSourceError
 
-    config, settings = loaded.cua.agent, loaded.cua
-    run_dir = settings.run_dir
-    cache_dir = run_dir.parent / ".cache"
-    gym = CountingGym(make_gym(config.gym))
-    observer: EpisodeObserver = NullObserver()
-    monitor = None
+    try:
+        TaskSource().narrowed_to(selection)
+    except TaskSourceError as error:
+        raise UsageError(f"--tasks: {error}") from None
+
+
+async def amain(args: argparse.Namespace, loaded: LoadedConfig) -> dict[str, Any]:
+    """The evaluation; prints its table and returns its JSON summary."""
+    result, model, leaked = await run_evaluation(args, loaded)
+    print(render_table(result))
+    return {**summary_json(result, leaked), "model": str(model)}
+
+
+async def run_evaluation(
+    args: argparse.Namespace, loaded: LoadedConfig
+) -> tuple[EvalResult, Path, int]:
+    """The trainer's evaluation of the model the trainer starts from: its result, that model's
+    directory and the executions leaked."""
+    from cua_native.rollout.dataset import TaskSourceError, load_tasks
+    from cua_native.rollout.factories import load_processor, make_gym
+    from cua_native.rollout.runtime import freeze_startup_heap
+    from cua_native.training.embedded.evaluation import eval_task_source, evaluation_for
+    from cua_native.training.embedded.model import load_inference_engine, prepare_model
+
+    settings = loaded.cua
+    gym = CountingGym(make_gym(settings.agent.gym))
+    monitor: TrainingMonitor | None = None
     engine = None
     async with contextlib.AsyncExitStack() as lifecycle:
         try:
-            tasks = select_tasks(await gym.list_tasks(), args.tasks)  # the gym first: cheap
-            model_path = await asyncio.to_thread(resolve_model_path, config.model_path, cache_dir)
-            processor = await asyncio.to_thread(load_processor, model_path)
-            engine = await load_engine(model_path, seed=loaded.areal.seed)
+            source = eval_task_source(settings.tasks, settings.eval_tasks, args.tasks)
+            try:  # the gym first: cheap, and a selection of no task stops before the model
+                tasks = await load_tasks(source, gym)
+            except TaskSourceError as error:
+                raise UsageError(f"--tasks: {error}" if args.tasks else str(error)) from None
+            start = await asyncio.to_thread(prepare_model, loaded, progress=not args.no_progress)
+            processor = await asyncio.to_thread(load_processor, start.path)
+            engine = await load_inference_engine(loaded, start.path)
             freeze_startup_heap()
             if settings.monitor_db_url() or settings.monitor_url:
                 monitor = await lifecycle.enter_async_context(
-                    await _training_monitor(loaded, run_dir, model_path)
+                    await _training_monitor(loaded, settings.run_dir, start.path)
                 )
-                monitor.tasks(tasks)
-                monitor.baseline_started(str(model_path), total_tasks=args.episodes)
-                observer = monitor.recorder
-            results = await evaluate(
-                config,
-                tasks,
-                gym=gym,
-                engine=engine,
-                processor=processor,
-                episodes=args.episodes,
-                concurrency=args.concurrency,
-                observer=observer,
-                progress=not args.no_progress,
+                # a task played under several gym seeds is one task to the monitor
+                monitor.tasks(list({t.task_id: t for t in tasks}.values()))
+            evaluation = evaluation_for(
+                loaded, tasks, gym=gym, processor=processor, monitor=monitor
             )
-            if monitor is not None:
-                done = EpisodeTally()
-                for _, run in results:
-                    done.episode_finished(run.record)
-                monitor.baseline_finished(
-                    success_rate=done.success_rate,
-                    avg_reward=done.reward_mean,
-                    avg_turns=done.turns_mean,
-                    successful_tasks=done.successes,
-                    completed_tasks=done.completed,
-                )
+            result = await evaluation.run(engine, kind="baseline", concurrency=args.concurrency)
         finally:
             if engine is not None:
                 await asyncio.to_thread(engine.destroy)
             await gym.aclose()
-    table, total = render_table(results)
-    print(table)
-    return summary_json(total, gym.leaked)
+    return result, start.path, gym.leaked
 
 
-async def _training_monitor(loaded: LoadedConfig, run_dir: Path, model_path: Path) -> Any:
+async def _training_monitor(
+    loaded: LoadedConfig, run_dir: Path, model_path: Path
+) -> TrainingMonitor:
     """The lifecycle of this evaluation: its own training record (a fresh run name, so two
     evaluations in one run directory never merge) holding one baseline."""
     from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
@@ -422,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if summary["episodes"] and summary["rejected"] == summary["episodes"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in summary.get("reject_reasons", {}).items())
         print(f"error: every episode was rejected ({reasons or 'infrastructure'})", file=sys.stderr)
+        return 1
+    if summary["failed_groups"]:
+        print(f"error: {summary['failed_groups']} task group(s) failed", file=sys.stderr)
         return 1
     return 0 if summary["leaked_executions"] == 0 else 1
 

@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if loaded.cua.mode == "areal":
         from cua_native.monitor.client.lifecycle import Terminated
-        from cua_native.training.cluster import run_cluster
+        from cua_native.training.cluster.run import run_cluster
 
         try:
             run_cluster(loaded)
@@ -157,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         torch._dynamo.config.disable = True
     from cua_native.rollout.runtime import tune_for_rollouts, with_cpu_pool
-    from cua_native.training.embedded import EmbeddedTrainer
-    from cua_native.training.report import print_report
+    from cua_native.training.embedded.report import print_report
+    from cua_native.training.embedded.trainer import EmbeddedTrainer
 
     tune_for_rollouts()
     trainer = EmbeddedTrainer(loaded, progress=not args.no_progress)
@@ -180,7 +180,7 @@ def _rehearse(args: argparse.Namespace) -> int:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from cua_native.config import ConfigError, load_config
     from cua_native.monitor.client.lifecycle import Terminated
-    from cua_native.training.rehearsal import rehearse
+    from cua_native.training.cluster.rehearsal import rehearse
 
     if not args.config:
         print(

@@ -18,7 +18,7 @@ workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine``
   partial and a fresh answer (``RestartingVLLMBackend``);
 - given ``weight_backend``, asks the servers for that collective backend in the xccl weight-update
   group request (AReaL names the sending process's own, wrong for rollout workers without GPUs:
-  ``cua_native.training.attached_engines``).
+  ``cua_native.training.cluster.attached_engines``).
 
 Requests, responses and everything else stay AReaL's. Idempotent and cheap (two attribute
 reads once the backend is in place); any other engine is left untouched.

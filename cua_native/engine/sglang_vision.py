@@ -14,7 +14,7 @@ scheduler runs are the processor's, not the ones sent. Two consequences:
   expansion gives back exactly the prompt builder's ids, because the builder renders the chat
   template with one pad per image and tokenizes that text (``cua_native.prompts.request``), so
   decoding and re-tokenizing it is the identity, and the server's image processor keeps the
-  prepared image size (the pixel-budget check at load, ``training.checks.check_pixel_budget``).
+  prepared image size (the pixel-budget check at load, ``training.cluster.checks.check_pixel_budget``).
 * A continuation (prompt + the partial output of an aborted request, as AReaL resubmits it) is
   decoded and re-tokenized too: a sampled split that is not the tokenizer's own comes back as
   other ids. Such a turn is restarted instead (``engine.remote.CheckedSGLangBackend``).

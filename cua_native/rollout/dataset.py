@@ -85,6 +85,31 @@ class TaskSource(BaseModel):
             raise ValueError("a task source needs from_gym=True, a file, or both")
         return self
 
+    def narrowed_to(self, selection: str) -> TaskSource:
+        """This source with its filters (ids, tags, numbers, split, limit) replaced by
+        ``selection`` (a command's ``--tasks``): task numbers as ``number_range`` reads them
+        (``1-3,8``; ``sim-001`` is 1) or task ids (``sim-001,sim-004``), not both. Its origin
+        and gym seeds stay. ``TaskSourceError`` (one line) on a bad selection."""
+        items = [item.strip() for item in selection.split(",") if item.strip()]
+        if not items:
+            raise TaskSourceError(f"{selection!r} selects no task")
+        numeric = [item for item in items if re.fullmatch(r"[\d\s-]+", item)]
+        update: dict[str, Any] = {
+            "task_ids": None,
+            "tags": None,
+            "number_range": None,
+            "split": "all",
+            "limit": None,
+        }
+        if len(numeric) == len(items):
+            update["number_range"] = ",".join(items)
+            parse_number_ranges(update["number_range"])
+        elif numeric:
+            raise TaskSourceError(f"{selection!r} mixes task numbers and task ids; use one")
+        else:
+            update["task_ids"] = items
+        return self.model_copy(update=update)
+
 
 def load_task_file(path: Path) -> list[Task]:
     if not path.is_file():

@@ -1,1 +1,2 @@
-"""Training: the embedded single-process trainer and the AReaL cluster path."""
+"""Training: the warm start (``warmstart/``), the embedded trainer (``embedded/``) and the AReaL
+cluster path (``cluster/``); ``local_engine`` is the one-process train engine the first two share."""

@@ -38,6 +38,8 @@ CASES = [
     ("cua_native.evaluate", ["--monitor", "ftp://example.com/x"], "--monitor"),
     ("cua_native.evaluate", ["--gym-url", "http://127.0.0.1:9"], "cannot reach the gym"),
     ("cua_native.evaluate", ["--model", "/missing"], "not a model directory"),
+    ("cua_native.evaluate", ["--tasks", "3-1"], "--tasks: number range '3-1' runs backwards"),
+    ("cua_native.evaluate", ["--tasks", "1,sim-002"], "mixes task numbers and task ids"),
     ("cua_native.evaluate", ["--run-dir", "/proc/cua_native_run"], "cannot create"),
     ("cua_native.train", ["--model", "/missing"], "not a model directory"),
     ("cua_native.train", ["--device", "tpu"], "unknown device 'tpu'"),

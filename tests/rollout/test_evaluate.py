@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cua_native.evaluate import main, select_tasks
-from cua_native.gym.protocol import Task
+from cua_native.evaluate import main
 
 
 def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path, capsys) -> None:
@@ -17,6 +16,9 @@ def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path
         [
             "--model",
             str(tiny_dir),
+            "--tasks",
+            "1",
+            "cua.eval_tasks.gym_seeds=[1000]",
             "--episodes",
             "3",
             "--concurrency",
@@ -38,6 +40,9 @@ def test_runs_default_gym_and_prints_json_summary(tiny_dir: Path, tmp_path: Path
     assert set(summary["parse_errors"]) >= {"format", "tool_name", "tool_arg"}
     assert {"success_rate", "turns_mean", "token_mismatches", "false_done"} <= set(summary)
     assert 0 <= summary["false_done"] <= summary["completed"]
+    assert list(summary["outcomes"]) == ["sim-001"]
+    assert len(summary["outcomes"]["sim-001"]) == summary["completed"]
+    assert summary["model"] == str(tiny_dir)
     assert any(line.startswith("TOTAL") for line in out)
     assert (tmp_path / "monitor.db").is_file(), "recorded where the config says (cua.monitor_db)"
 
@@ -72,7 +77,8 @@ def test_reads_the_training_config_through_the_one_loader(
     runs the episodes, and overrides reach it like ``train``'s."""
     default = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
     argv = ["--config", str(default), "--model", str(tiny_dir), "--run-dir", str(tmp_path)]
-    flags = ["--episodes", "1", "--json", "--no-progress"]
+    flags = ["--tasks", "2", "--episodes", "1", "--json", "--no-progress"]
+    flags.append("cua.eval_tasks.gym_seeds=[1000]")
     code = main([*argv, *flags, "cua.agent.max_turns=1", "cua.monitor_db=null"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and summary["episodes"] == 1 and summary["leaked_executions"] == 0
@@ -81,13 +87,3 @@ def test_reads_the_training_config_through_the_one_loader(
     assert main([*argv, *flags, "cua.agent.max_turnz=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Did you mean 'max_turns'?" in err[0]
-
-
-def test_task_selection() -> None:
-    tasks = [Task(task_id=f"t{i}") for i in range(5)]
-    assert [t.task_id for t in select_tasks(tasks, "1-3")] == ["t1", "t2", "t3"]
-    assert [t.task_id for t in select_tasks(tasks, "t4,0")] == ["t4", "t0"]
-    assert len(select_tasks(tasks, None)) == 5
-    for bad in ("nope", "3-9", "4-2"):
-        with pytest.raises(ValueError):
-            select_tasks(tasks, bad)

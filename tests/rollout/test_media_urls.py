@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,14 +22,15 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from cua_native.actions.models import Answer, Click
-from cua_native.evaluate import CountingGym, evaluate
+from cua_native.evaluate import CountingGym
 from cua_native.gym.media import DEFAULT_MAX_BYTES
 from cua_native.gym.protocol import Execution, Gym, Observation, Screenshot, Task
 from cua_native.gym.sim import SimGym
 from cua_native.rollout.config import AgentConfig, GymConfig
+from cua_native.rollout.dataset import task_row
 from cua_native.rollout.factories import MEDIA_TIMEOUT_S, make_agent
-from cua_native.rollout.records import NullObserver
 from cua_native.rollout.workflow import CUAAgentWorkflow, workflow_kwargs
+from cua_native.training.embedded.evaluation import Evaluation
 
 
 class MediaServer:
@@ -210,16 +212,15 @@ async def test_evaluate_gives_the_builder_a_client(
     async with media_server() as media:
         gym = CountingGym(UrlGym(media))  # type: ignore[arg-type]
         tasks = (await gym.list_tasks())[:1]
-        results = await evaluate(
-            config,
-            tasks,
+        evaluation = Evaluation(
+            agent=config.model_copy(update={"group_size": 2}),
+            tasks=tasks,
             gym=gym,
-            engine=engine,
             processor=processor,
-            episodes=2,
-            concurrency=2,
-            observer=NullObserver(),
-            progress=False,
+            task_row=functools.partial(task_row, gym_id=gym.gym_id),
+            model_name="scripted",
         )
-    assert [run.record.outcome for _, run in results] == ["completed", "completed"]
+        result = await evaluation.run(engine, kind="baseline")
+    assert (result.total.completed, result.total.rejected, result.failed_groups) == (2, 0, 0)
+    assert gym.leaked == 0
     assert len(media.fetched) == 4

@@ -18,12 +18,12 @@ from areal.infra.scheduler.ray import RayScheduler
 
 from cua_native.config import load_config
 from cua_native.engine.remote import prepare_remote_engine
-from cua_native.training.areal_trainer import name_weight_backend
-from cua_native.training.attached_engines import (
+from cua_native.training.cluster.attached_engines import (
     WEIGHT_BACKEND_ENV,
     AttachedSGLangEngine,
     AttachedVLLMEngine,
 )
+from cua_native.training.cluster.trainer import name_weight_backend
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android.yaml"
 

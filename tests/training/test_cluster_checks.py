@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cua_native.config import ConfigError, load_config
-from cua_native.training.checks import (
+from cua_native.training.cluster.checks import (
     check_cluster_config,
     check_pixel_budget,
     packs_sequences,

@@ -93,7 +93,7 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_vllm_command_carries_the_cua_server_settings() -> None:
-    from cua_native.training.cluster import prepare_areal_config
+    from cua_native.training.cluster.run import prepare_areal_config
 
     loaded = load_config(CONFIGS[0].parent / "qwen3_vl_android_vllm.yaml")
     prepare_areal_config(loaded, [])  # copies the gym's allow-list to vLLM

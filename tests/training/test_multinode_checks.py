@@ -1,4 +1,4 @@
-"""The checks of a run across nodes (``cua_native.training.multinode``): with AReaL's Ray or Slurm
+"""The checks of a run across nodes (``cua_native.training.cluster.multinode``): with AReaL's Ray or Slurm
 scheduler every loopback address, node-local path and single-host store is one error naming its
 field; the local scheduler and a rehearsal on one host are left alone."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cua_native.config import ConfigError, load_config
-from cua_native.training.checks import check_cluster_config
-from cua_native.training.cluster import check_attach
-from cua_native.training.multinode import check_shared_storage, is_loopback_host
+from cua_native.training.cluster.checks import check_cluster_config
+from cua_native.training.cluster.multinode import check_shared_storage, is_loopback_host
+from cua_native.training.cluster.run import check_attach
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MULTINODE = CONFIGS / "qwen3_vl_android_multinode.yaml"

@@ -10,8 +10,8 @@ from areal.api.cli_args import SchedulingSpec
 from areal.infra.scheduler.ray import RayScheduler
 
 from cua_native.config import load_config
-from cua_native.training.local_scheduler import FORK_READY_TIMEOUT_S
-from cua_native.training.ray_scheduler import PatientRayScheduler, patient_ray_scheduler
+from cua_native.training.cluster.local_scheduler import FORK_READY_TIMEOUT_S
+from cua_native.training.cluster.ray_scheduler import PatientRayScheduler, patient_ray_scheduler
 
 MULTINODE = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android_multinode.yaml"
 TOKEN = "dG9rZW4=,x"  # base64 padding and a comma: both are AReaL's separators

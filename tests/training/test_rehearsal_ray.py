@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cua_native.training.rehearsal import host_address
+from cua_native.training.cluster.rehearsal import host_address
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android_multinode.yaml"
 RUN_TIMEOUT_S = 1500
@@ -62,6 +62,15 @@ def _left_behind(mark: str) -> list[str]:
         time.sleep(0.5)
         left = _marked(mark)
     return left
+
+
+def _tail(late: subprocess.TimeoutExpired) -> str:
+    """What a run that overran printed, so a slow machine and a hang can be told apart."""
+    text = "".join(
+        part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+        for part in (late.stdout, late.stderr)
+    )
+    return text[-4000:]
 
 
 def _command(run_dir: Path, *overrides: str) -> list[str]:
@@ -102,9 +111,9 @@ def test_multinode_config_rehearses_on_a_local_ray_cluster(tmp_path: Path) -> No
             timeout=RUN_TIMEOUT_S,
             env=_env(mark),
         )
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as late:
         _kill_marked(mark)
-        pytest.fail("the Ray rehearsal did not finish")
+        pytest.fail(f"the Ray rehearsal did not finish; its output ended:\n{_tail(late)}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert _left_behind(mark) == []
@@ -157,9 +166,9 @@ def test_an_error_with_the_actor_up_leaves_no_ray_process(tmp_path: Path) -> Non
             timeout=RUN_TIMEOUT_S,
             env=_env(mark),
         )
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as late:
         _kill_marked(mark)
-        pytest.fail("the failed Ray rehearsal did not exit")
+        pytest.fail(f"the failed Ray rehearsal did not exit; its output ended:\n{_tail(late)}")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-4000:]
     assert "TrainController INFO: TrainController initialization complete" in output

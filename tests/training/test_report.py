@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cua_native.training.embedded import StepSummary, TrainReport, _eval_due
-from cua_native.training.report import eval_points, gain, print_report
+from cua_native.training.embedded.report import eval_points, gain, print_report
+from cua_native.training.embedded.trainer import StepSummary, TrainReport, _eval_due
 
 
 def _report(tmp_path: Path) -> TrainReport:

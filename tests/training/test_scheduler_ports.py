@@ -20,7 +20,7 @@ from areal.infra import LocalScheduler
 from areal.infra.scheduler.local import WorkerInfo
 from areal.utils.network import find_free_ports
 
-from cua_native.training.local_scheduler import PatientLocalScheduler
+from cua_native.training.cluster.local_scheduler import PatientLocalScheduler
 
 
 def _scheduler(cls: type, root: Path) -> LocalScheduler:

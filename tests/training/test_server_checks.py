@@ -1,4 +1,4 @@
-"""Load-time checks of the inference-server settings (``training.server_checks``): the shipped
+"""Load-time checks of the inference-server settings (``training.cluster.server_checks``): the shipped
 configs pass; each setting that would make a real server generate from other ids or report other
 log-probs gives one line naming its field. The servers' own behaviour behind each rule is run in
 ``tests/conformance``."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cua_native.config import ConfigError, load_config
-from cua_native.training.checks import check_cluster_config
-from cua_native.training.server_checks import SUPPORTED, check_vllm
+from cua_native.training.cluster.checks import check_cluster_config
+from cua_native.training.cluster.server_checks import SUPPORTED, check_vllm
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 VLLM = CONFIGS / "qwen3_vl_android_vllm.yaml"

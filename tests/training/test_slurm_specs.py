@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from cua_native.config import ConfigError, LoadedConfig, load_config
-from cua_native.training.checks import check_cluster_config
-from cua_native.training.cluster import apply_worker_env, worker_env
-from cua_native.training.slurm_scheduler import (
+from cua_native.training.cluster.checks import check_cluster_config
+from cua_native.training.cluster.run import apply_worker_env, worker_env
+from cua_native.training.cluster.slurm_scheduler import (
     bound_directories,
     check_slurm_env,
     check_slurm_specs,

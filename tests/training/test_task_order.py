@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from cua_native.gym.protocol import Task
-from cua_native.training.task_order import TaskOrder
+from cua_native.training.embedded.task_order import TaskOrder
 
 
 def rows(tasks: int, phones: int) -> list[Task]:

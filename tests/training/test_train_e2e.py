@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from cua_native.config import load_config
-from cua_native.training.cluster import WORKFLOW_PATH, plan_cluster_run
+from cua_native.training.cluster.run import WORKFLOW_PATH, plan_cluster_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

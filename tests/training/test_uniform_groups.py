@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cua_native.rollout.trajectory import discounted, normalized_rewards
-from cua_native.training.embedded import _is_uniform
+from cua_native.training.embedded.trainer import _is_uniform
 
 
 def _group(episode_rewards: list[float], turns: int = 3, normalize: bool = True) -> dict:

@@ -17,7 +17,7 @@ from cua_native.actions import models as m
 from cua_native.config import WarmStart
 from cua_native.prompts import default_prompt_config, dialect_for
 from cua_native.rollout.dataset import TaskSource
-from cua_native.training.demos import (
+from cua_native.training.warmstart.demos import (
     Demo,
     DemoSpec,
     collect_demos,
@@ -25,7 +25,7 @@ from cua_native.training.demos import (
     same_action,
     source_for,
 )
-from cua_native.training.warm_start import (
+from cua_native.training.warmstart.sft import (
     WARM_START_MARKER,
     batch_order,
     score_first_steps,
@@ -229,8 +229,8 @@ def test_warm_start_cache_key_follows_what_the_model_depends_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from cua_native.config import WarmStart
-    from cua_native.training import warm_start as module
-    from cua_native.training.warm_start import warm_start_key
+    from cua_native.training.warmstart import sft as module
+    from cua_native.training.warmstart.sft import warm_start_key
 
     base = warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {})
     assert base == warm_start_key("mai_ui", WarmStart(), {"max_pixels": 65536}, {})

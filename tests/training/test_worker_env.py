@@ -11,7 +11,7 @@ from areal.infra.scheduler.ray import RayScheduler
 
 from cua_native.config import load_config
 from cua_native.monitor.client.lifecycle import RUN_NAME_ENV
-from cua_native.training.cluster import apply_worker_env, worker_env
+from cua_native.training.cluster.run import apply_worker_env, worker_env
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3_vl_android.yaml"
 

@@ -39,9 +39,9 @@ from cua_native.engine.capacity import keep_configured_limits
 from cua_native.gym.sim import SimGym
 from cua_native.rollout.config import AgentConfig, SamplingConfig
 from cua_native.rollout.workflow import CUAAgentWorkflow
-from cua_native.training.areal_trainer import CUAPPOTrainer
-from cua_native.training.attached_engines import AttachedSGLangEngine
-from cua_native.training.local_scheduler import patient_local_scheduler
+from cua_native.training.cluster.attached_engines import AttachedSGLangEngine
+from cua_native.training.cluster.local_scheduler import patient_local_scheduler
+from cua_native.training.cluster.trainer import CUAPPOTrainer
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "qwen3_vl_android.yaml"

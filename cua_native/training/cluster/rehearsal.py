@@ -303,14 +303,14 @@ def rehearse(
     """Rehearse ``config_path``; returns the exit code (0 after ``steps`` steps)."""
     from cua_native.monitor.client.lifecycle import handle_sigterm
     from cua_native.rollout.factories import load_processor, tiny_model_dir
-    from cua_native.training.checks import pixel_budget
-    from cua_native.training.cluster import run_cluster
+    from cua_native.training.cluster.checks import pixel_budget
+    from cua_native.training.cluster.run import run_cluster
 
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("areal", "name_resolve", "logs"):
         (run_dir / sub).mkdir(exist_ok=True)
-    from cua_native.training.checks import check_cluster_config
+    from cua_native.training.cluster.checks import check_cluster_config
 
     loaded = load_config(config_path, overrides)
     check_cluster_config(loaded)  # the config as it would run on the cluster

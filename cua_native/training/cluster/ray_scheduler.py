@@ -24,7 +24,7 @@ from areal.infra.utils.launcher import get_env_vars, get_thread_env_vars
 from areal.utils.offload import get_tms_env_vars
 
 from cua_native.config import ConfigError
-from cua_native.training.local_scheduler import FORK_READY_TIMEOUT_S
+from cua_native.training.cluster.local_scheduler import FORK_READY_TIMEOUT_S
 
 
 class PatientRayScheduler(RayScheduler):

@@ -26,8 +26,8 @@ from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
 from cua_native.config import ConfigError, LoadedConfig
-from cua_native.training.local_scheduler import FORK_READY_TIMEOUT_S
-from cua_native.training.multinode import shared_paths
+from cua_native.training.cluster.local_scheduler import FORK_READY_TIMEOUT_S
+from cua_native.training.cluster.multinode import shared_paths
 
 CONTAINER_FIELDS = ("container_type", "mount", "srun_additional_args")
 SAFE_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")

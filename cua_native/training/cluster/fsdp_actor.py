@@ -20,7 +20,7 @@ from typing import Any
 from areal.api.cli_args import MicroBatchSpec
 from areal.engine import FSDPPPOActor
 
-from cua_native.training.checks import packs_sequences
+from cua_native.training.cluster.checks import packs_sequences
 
 PACKING_KWARGS = (
     "cu_seqlens",

@@ -37,14 +37,14 @@ from areal.trainer import PPOTrainer
 from areal.utils.environ import is_single_controller
 
 from cua_native.monitor.client.lifecycle import TrainingMonitor
-from cua_native.training.attached_engines import (
+from cua_native.training.cluster.attached_engines import (
     WEIGHT_BACKEND_ENV,
     AttachedSGLangEngine,
     AttachedVLLMEngine,
     trainer_weight_backend,
 )
-from cua_native.training.local_scheduler import patient_local_scheduler
-from cua_native.training.step_stats import eval_results
+from cua_native.training.cluster.local_scheduler import patient_local_scheduler
+from cua_native.training.cluster.step_stats import eval_results
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +147,11 @@ class CUAPPOTrainer(PPOTrainer):
         if self.config.scheduler.type == "local":
             return patient_local_scheduler(self.config)
         if self.config.scheduler.type == "ray":
-            from cua_native.training.ray_scheduler import patient_ray_scheduler
+            from cua_native.training.cluster.ray_scheduler import patient_ray_scheduler
 
             return patient_ray_scheduler(self.config)
         if self.config.scheduler.type == "slurm":
-            from cua_native.training.slurm_scheduler import slurm_scheduler
+            from cua_native.training.cluster.slurm_scheduler import slurm_scheduler
 
             return slurm_scheduler(self.config)
         return super()._init_scheduler()
@@ -159,7 +159,7 @@ class CUAPPOTrainer(PPOTrainer):
     def _create_train_engine(self, actor_config: Any, alloc: Any) -> Any:
         if alloc.backend != "fsdp":
             return super()._create_train_engine(actor_config, alloc)
-        from cua_native.training.fsdp_actor import CUAFSDPPPOActor
+        from cua_native.training.cluster.fsdp_actor import CUAFSDPPPOActor
 
         if is_single_controller():
             actor = CUAFSDPPPOActor.as_controller(actor_config, self.scheduler)

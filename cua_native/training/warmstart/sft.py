@@ -32,7 +32,7 @@ from cua_native.actions.dialects import Dialect
 from cua_native.config import WarmStart
 from cua_native.gym.sim.gym import REWARD_OPTIONS
 from cua_native.rollout.dataset import TaskSource
-from cua_native.training.demos import (
+from cua_native.training.warmstart.demos import (
     DEMO_FORMAT,
     Demo,
     DemoSource,

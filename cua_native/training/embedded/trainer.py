@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import dataclasses
 import functools
 import json
 import logging
@@ -28,10 +27,10 @@ from typing import Any
 from cua_native.config import LoadedConfig
 from cua_native.gym.protocol import Gym, Task
 from cua_native.monitor.client.lifecycle import redact
-from cua_native.rollout.outcomes import TaskOutcomes
 from cua_native.rollout.records import EpisodeObserver, EpisodeTally, FanoutObserver
 from cua_native.rollout.runtime import freeze_startup_heap
-from cua_native.training.task_order import TaskOrder
+from cua_native.training.embedded.evaluation import EvalResult, evaluation_for
+from cua_native.training.embedded.task_order import TaskOrder
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +96,8 @@ class TrainReport:
     """Evaluation step (-1: baseline) → share of episodes ended by a failed "done"."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
+    evaluations: dict[int, EvalResult] = field(default_factory=dict)
+    """Evaluation step (-1: baseline) → its result."""
 
 
 def _ppo_step(actor: Any, batch: list[dict[str, Any]], ref: Any = None) -> dict[str, float]:
@@ -147,6 +148,20 @@ def _is_uniform(group: dict[str, Any]) -> bool:
     return not bool(group["rewards"].abs().max() > 1e-6)
 
 
+def _keep_eval(report: TrainReport, result: EvalResult) -> None:
+    """An evaluation's figures in the report, under its step (the baseline: -1)."""
+    point = -1 if result.kind == "baseline" else result.step
+    report.evaluations[point] = result
+    if result.kind == "baseline":
+        report.baseline_success = result.success_rate
+        report.baseline_outcomes = result.outcomes
+    else:
+        report.evals[result.step] = result.success_rate
+        report.eval_outcomes[result.step] = result.outcomes
+    report.eval_parse_errors[point] = result.parse_errors_per_turn
+    report.eval_false_done[point] = result.false_done_rate
+
+
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
     for key, value in stats.items():
         if key.endswith(suffix):
@@ -162,50 +177,10 @@ class EmbeddedTrainer:
         self.progress = progress
         self.run_dir = Path(loaded.cua.run_dir)
         self.rng = random.Random(loaded.areal.seed)
-        self._parse_errors: dict[int, float] = {}
-        self._false_done: dict[int, float] = {}
         self._ref: Any = None
         """A frozen copy of the starting model when ``actor.kl_ctl`` > 0."""
 
     # ------------------------------------------------------------------ set-up
-    def _prepare_model(self, report: TrainReport) -> Path:
-        from cua_native.rollout.factories import resolve_model_path
-
-        cua = self.loaded.cua
-        cache = self.run_dir.parent / ".cache"
-        model_dir = resolve_model_path(cua.agent.model_path, cache)
-        if cua.agent.model_path is not None or not cua.warm_start.enabled:
-            return model_dir
-        from cua_native.training.demos import source_for
-        from cua_native.training.warm_start import WARM_START_MARKER, warm_start, warm_start_key
-
-        sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
-        key = warm_start_key(
-            cua.agent.family,
-            cua.warm_start,
-            cua.agent.prompt,
-            sim_options,
-            tasks=cua.tasks,
-            base=model_dir.name,
-        )
-        target = cache / f"tiny-qwen3-vl-warm-{cua.agent.family}-{key}"
-        if (target / WARM_START_MARKER).is_file():
-            report.warm_start = {"reused": str(target)}
-            return target
-        result = warm_start(
-            model_dir,
-            target,
-            cua.warm_start,
-            family=cua.agent.family,
-            prompt_overrides=cua.agent.prompt,
-            progress=self.progress,
-            tasks=cua.tasks,
-            gym_seeds=tuple(cua.warm_start.gym_seeds),
-            demo_source=source_for(cua.agent.family, sim_options),
-        )
-        report.warm_start = dataclasses.asdict(result)
-        return target
-
     async def _tasks(self, gym: Gym) -> tuple[list[Task], list[Task]]:
         from cua_native.rollout.dataset import load_tasks
 
@@ -222,12 +197,12 @@ class EmbeddedTrainer:
         from areal.trainer.ppo.actor import PPOActor
         from transformers import AutoModelForImageTextToText
 
-        from cua_native.engine import InProcessEngine
         from cua_native.monitor.client.lifecycle import TrainingMonitor, new_run_name
         from cua_native.monitor.client.recorder import recorder_from_config
         from cua_native.rollout.dataset import task_row
         from cua_native.rollout.factories import load_processor, make_gym
         from cua_native.rollout.workflow import CUAAgentWorkflow
+        from cua_native.training.embedded.model import load_inference_engine, prepare_model
         from cua_native.training.local_engine import LocalTrainEngine
 
         areal, cua = self.loaded.areal, self.loaded.cua
@@ -238,12 +213,11 @@ class EmbeddedTrainer:
         (self.run_dir / "config.json").write_text(
             json.dumps(redact({"cua": cua.model_dump(mode="json")}), indent=2)
         )
-        model_dir = await asyncio.to_thread(self._prepare_model, report)
-        report.model_dir = model_dir
+        start = await asyncio.to_thread(prepare_model, self.loaded, progress=self.progress)
+        model_dir = report.model_dir = start.path
+        report.warm_start = start.warm_start
         processor = await asyncio.to_thread(load_processor, model_dir)
-        engine = await asyncio.to_thread(
-            InProcessEngine.from_pretrained, str(model_dir), device=cua.device, seed=areal.seed
-        )
+        engine = await load_inference_engine(self.loaded, model_dir)
         model = await asyncio.to_thread(
             AutoModelForImageTextToText.from_pretrained, model_dir, dtype=torch.float32
         )
@@ -341,21 +315,13 @@ class EmbeddedTrainer:
                 observer=FanoutObserver(monitor.recorder, *observers),
             )
 
+        evaluation = evaluation_for(
+            self.loaded, eval_tasks, gym=gym, processor=processor, monitor=monitor
+        )
         if cua.baseline and eval_tasks:
-            tally = EpisodeTally()
-            outcomes = TaskOutcomes()
-            report.baseline_outcomes = outcomes.by_task
-            report.baseline_success = await self._run_eval(
-                workflow("baseline", [tally, outcomes]),
-                engine,
-                eval_tasks,
-                0,
-                monitor,
-                "baseline",
-                tally,
-                task_row,
-            )
-            self._log(f"baseline: success {report.baseline_success:.0%}")
+            result = await evaluation.run(engine, kind="baseline")
+            _keep_eval(report, result)
+            self._log(f"baseline: success {result.success_rate:.0%}")
         batch_size = min(areal.train_dataset.batch_size, len(train_tasks))
         order = TaskOrder(train_tasks, self.rng)
         bar = tqdm(range(total_steps), desc="train", unit="step", disable=not self.progress)
@@ -426,22 +392,9 @@ class EmbeddedTrainer:
             )
             self._log(summary.table_row())
             if eval_tasks and _eval_due(cua.eval_every, step, total_steps):
-                tally = EpisodeTally()
-                outcomes = TaskOutcomes()
-                report.eval_outcomes[step] = outcomes.by_task
-                report.evals[step] = await self._run_eval(
-                    workflow("eval", [tally, outcomes]),
-                    engine,
-                    eval_tasks,
-                    step,
-                    monitor,
-                    "eval",
-                    tally,
-                    task_row,
-                )
-                self._log(f"eval after step {step}: success {report.evals[step]:.0%}")
-        report.eval_parse_errors = dict(self._parse_errors)
-        report.eval_false_done = dict(self._false_done)
+                result = await evaluation.run(engine, kind="eval", step=step)
+                _keep_eval(report, result)
+                self._log(f"eval after step {step}: success {result.success_rate:.0%}")
         if report.checkpoint is None or report.checkpoint.name != _version_dir(trainer_engine):
             report.checkpoint = await self._save(trainer_engine, processor)
         return report
@@ -451,47 +404,6 @@ class EmbeddedTrainer:
         evaluation, printed as it happens: a run cut off still shows how far it got."""
         if not self.progress:
             print(line, flush=True)
-
-    async def _run_eval(
-        self,
-        flow: Any,
-        engine: Any,
-        tasks: list[Task],
-        step: int,
-        monitor: Any,
-        kind: str,
-        tally: EpisodeTally,
-        task_row: Any,
-    ) -> float:
-        rows = [dict(task_row(t), global_step=step) for t in tasks]
-        total = len(rows) * flow.config.group_size
-        model = str(self.loaded.cua.agent.model_path or "embedded tiny Qwen3-VL")
-        if kind == "baseline":
-            monitor.baseline_started(model, total_tasks=total)
-        else:
-            monitor.eval_started(step, model, total_tasks=total)
-        results = await asyncio.gather(
-            *(flow.arun_episode(engine, row) for row in rows), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                logger.error("%s group failed: %r", kind, result)
-        outcome = {
-            "success_rate": tally.success_rate,
-            "avg_reward": tally.reward_mean,
-            "avg_turns": tally.turns_mean,
-            "successful_tasks": tally.successes,
-            "completed_tasks": tally.completed,
-        }
-        turns = sum(tally.turns)
-        point = -1 if kind == "baseline" else step
-        self._parse_errors[point] = sum(tally.parse_errors.values()) / turns if turns else 0.0
-        self._false_done[point] = tally.false_done_rate
-        if kind == "baseline":
-            monitor.baseline_finished(**outcome)
-        else:
-            monitor.eval_finished(step, **outcome)
-        return tally.success_rate
 
     async def _save(self, trainer_engine: Any, processor: Any) -> Path:
         from areal.api.io_struct import SaveLoadMeta

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cua_native.rollout.outcomes import Interval, paired_difference, task_interval
-from cua_native.training.embedded import STEP_TABLE_HEADER, TrainReport
+from cua_native.training.embedded.trainer import STEP_TABLE_HEADER, TrainReport
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The cluster path: AReaL's ``PPOTrainer`` (GRPO) with the CUA workflow.
 
 ``plan_cluster_run`` does everything that needs no GPU — the load-time checks
-(``cua_native.training.checks``), task loading from the gym server, the train/eval datasets,
+(``cua_native.training.cluster.checks``), task loading from the gym server, the train/eval datasets,
 the workflow's serializable kwargs, the workers' environment — so it is tested on CPU;
 ``run_cluster`` hands the plan to ``CUAPPOTrainer``, which starts AReaL's scheduler (local, Ray
 or Slurm), the inference servers (or attaches to running ones) and the FSDP actor.
@@ -21,9 +21,17 @@ from typing import Any
 
 from cua_native.config import ConfigError, LoadedConfig
 from cua_native.monitor.client.lifecycle import RUN_NAME_ENV
-from cua_native.training.checks import backend_name, check_cluster_config, check_pixel_budget
-from cua_native.training.multinode import check_shared_storage, is_loopback_host, spans_nodes
-from cua_native.training.slurm_scheduler import check_slurm_env
+from cua_native.training.cluster.checks import (
+    backend_name,
+    check_cluster_config,
+    check_pixel_budget,
+)
+from cua_native.training.cluster.multinode import (
+    check_shared_storage,
+    is_loopback_host,
+    spans_nodes,
+)
+from cua_native.training.cluster.slurm_scheduler import check_slurm_env
 
 WORKFLOW_PATH = "cua_native.workflow.CUAAgentWorkflow"
 WORKER_OBSERVER = "cua_native.monitor.client.worker.observer_from_env"
@@ -174,7 +182,7 @@ def make_monitor(loaded: LoadedConfig, plan: ClusterPlan) -> Any:
 
 def check_attach(loaded: LoadedConfig, attach: list[str]) -> None:
     """Servers to attach to must be reachable from every node when workers may run on others."""
-    from cua_native.training.areal_trainer import ATTACH_ENV
+    from cua_native.training.cluster.trainer import ATTACH_ENV
 
     if not spans_nodes(loaded):
         return
@@ -196,7 +204,7 @@ def run_cluster(
     import datasets
 
     from cua_native.monitor.client.lifecycle import handle_sigterm
-    from cua_native.training.areal_trainer import CUAPPOTrainer, attach_addresses
+    from cua_native.training.cluster.trainer import CUAPPOTrainer, attach_addresses
 
     check_cluster_config(loaded, one_host=one_host)
     check_slurm_env(loaded, worker_env(loaded))
@@ -204,7 +212,7 @@ def run_cluster(
         check_attach(loaded, attach_addresses(attach or ()))
         check_shared_storage(loaded)
     if loaded.areal.scheduler.type == "ray":
-        from cua_native.training.ray_scheduler import connect_ray
+        from cua_native.training.cluster.ray_scheduler import connect_ray
 
         connect_ray()  # before handle_sigterm below: ray.init replaces the SIGTERM handler
     plan = plan_cluster_run(loaded, one_host=one_host)

@@ -17,9 +17,9 @@ left at AReaL's default (``docs/design-notes.md``, "The cluster path"):
   puts one sequence in each micro-batch (``packs_sequences``);
 - ``cua.agent.prompt.max_pixels`` unset or above the model processor's budget: the server
   resizes the image again and the prompt ids drift from the trainer's;
-- the inference server's own settings (``cua_native.training.server_checks``).
+- the inference server's own settings (``cua_native.training.cluster.server_checks``).
 
-With the Ray or Slurm scheduler the rules of ``cua_native.training.multinode`` follow (what must
+With the Ray or Slurm scheduler the rules of ``cua_native.training.cluster.multinode`` follow (what must
 be reachable from and shared by every node), unless the run is known to stay on one host; with
 Slurm those of ``slurm_scheduler.check_slurm_specs`` (the container every role runs in).
 """
@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from cua_native.config import ConfigError, LoadedConfig
-from cua_native.training.multinode import check_multinode_config
-from cua_native.training.server_checks import check_server_settings
-from cua_native.training.slurm_scheduler import check_slurm_specs
+from cua_native.training.cluster.multinode import check_multinode_config
+from cua_native.training.cluster.server_checks import check_server_settings
+from cua_native.training.cluster.slurm_scheduler import check_slurm_specs
 
 SCHEDULERS = ("local", "ray", "slurm")
 BACKENDS = ("sglang", "vllm")
