@@ -39,6 +39,8 @@ SERVER_SCRIPT = Path(__file__).with_name("osworld_server.py")
 OSWORLD_LAUNCHER = Path(__file__).with_name("osworld_launcher.py")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DESKTOP_PYTHON_ENV = "CUA_DESKTOP_PYTHON"
+UNIX_PATH_MAX = 107
+"""The longest path a Unix socket can bind on Linux (``sun_path`` is 108 bytes with its NUL)."""
 OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
 <openbox_config xmlns="http://openbox.org/3.4/rc">
   <applications>
@@ -126,6 +128,15 @@ def check_installed(config: LocalDesktopConfig) -> None:
         raise DesktopStartError(
             f"local desktops need {', '.join(missing)}: install them with "
             f"`bash .ci/desktop.sh` (or set {DESKTOP_PYTHON_ENV})"
+        )
+    # <root>/<pid>-<start time>-<8 hex>/server.sock must fit a Unix socket's path (107 bytes)
+    longest = len(os.fsencode(config.state_root.resolve())) + len(
+        "/4194304-99999999999-12345678/server.sock"
+    )
+    if config.listen == "unix" and longest > UNIX_PATH_MAX:
+        raise DesktopStartError(
+            f"state_root {str(config.state_root)!r} is too long for the server's Unix socket "
+            f"({longest} > {UNIX_PATH_MAX} bytes): give a shorter state_root (or listen: tcp)"
         )
 
 

@@ -1,5 +1,6 @@
 """``configs/desktop.yaml``: its train and eval splits of the desktop tasks, and the two commands
-its header names run for real on local desktops with the tiny model (CPU):
+its header names run for real on local desktops with the tiny model (CPU), and its trainer
+killed with ``kill -9`` leaves desktops that the next start reaps:
 ``python -m cua_native.evaluate --config configs/desktop.yaml --episodes 4 --json`` and
 ``python -m cua_native.train --config configs/desktop.yaml --steps 2``. Each run's desktops live
 under its own ``$TMPDIR``: nothing of them may be left when the command ends. Skipped without
@@ -7,6 +8,7 @@ under its own ``$TMPDIR``: nothing of them may be left when the command ends. Sk
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,12 +16,15 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cua_native.config import load_config
-from cua_native.gym.desktop.local import default_server_python
+from cua_native.gym.desktop import reaper
+from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig, default_server_python
 from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, load_tasks
 from cua_native.rollout.dataset import load_tasks as select_from_source
 from cua_native.rollout.factories import make_gym
@@ -47,11 +52,21 @@ async def test_the_train_and_eval_splits_partition_the_desktop_tasks() -> None:
     assert cua.agent.family == "qwen3_vl" and cua.agent.gym.kind == "desktop"
 
 
-def _run(module: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "tmp").mkdir()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path / "tmp"))
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A ``$TMPDIR`` for a command's desktops, short enough for their Unix sockets' paths
+    (pytest's ``tmp_path`` is not)."""
+    path = Path(tempfile.mkdtemp(prefix="cua-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(module: str, tmp: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
     return subprocess.run(
-        [sys.executable, "-m", module, "--config", str(CONFIG), *args],
+        [sys.executable, "-m", module, "--config", str(CONFIG), "--run-dir", str(run_dir), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -60,8 +75,8 @@ def _run(module: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess
     )
 
 
-def _no_desktop_left(tmp_path: Path) -> None:
-    root = tmp_path / "tmp" / "cua_native_desktops"
+def _no_desktop_left(tmp: Path) -> None:
+    root = tmp / "cua_native_desktops"
     assert not root.exists() or list(root.iterdir()) == []
 
 
@@ -76,33 +91,24 @@ def _screenshot_sizes(run_dir: Path) -> set[tuple[int, int]]:
 
 @needs_desktop
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_evaluate_runs_on_local_desktops(tmp_path: Path) -> None:
-    run_dir = tmp_path / "runs" / "desktop"
+def test_evaluate_runs_on_local_desktops(short_tmp: Path) -> None:
+    run_dir = short_tmp / "runs" / "desktop"
     done = _run(
-        "cua_native.evaluate",
-        tmp_path,
-        "--episodes",
-        "4",
-        "--json",
-        "--no-progress",
-        "--run-dir",
-        str(run_dir),
+        "cua_native.evaluate", short_tmp, run_dir, "--episodes", "4", "--json", "--no-progress"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["episodes"] == 4 and summary["completed"] == 4, summary
     assert summary["rejected"] == 0 and summary["leaked_executions"] == 0, summary
     assert _screenshot_sizes(run_dir) == {(1024, 768)}  # the real screen, on the monitor
-    _no_desktop_left(tmp_path)
+    _no_desktop_left(short_tmp)
 
 
 @needs_desktop
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-def test_train_runs_two_steps_on_local_desktops(tmp_path: Path) -> None:
-    run_dir = tmp_path / "runs" / "desktop"
-    done = _run(
-        "cua_native.train", tmp_path, "--steps", "2", "--no-progress", "--run-dir", str(run_dir)
-    )
+def test_train_runs_two_steps_on_local_desktops(short_tmp: Path) -> None:
+    run_dir = short_tmp / "runs" / "desktop"
+    done = _run("cua_native.train", short_tmp, run_dir, "--steps", "2", "--no-progress")
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("step episodes"))
@@ -110,4 +116,41 @@ def test_train_runs_two_steps_on_local_desktops(tmp_path: Path) -> None:
     assert [row[:2] for row in rows] == [["0", "4"], ["1", "4"]], lines[header : header + 3]
     assert (run_dir / "checkpoints" / "version-2" / "config.json").is_file()
     assert _screenshot_sizes(run_dir) == {(1024, 768)}
-    _no_desktop_left(tmp_path)
+    _no_desktop_left(short_tmp)
+
+
+@needs_desktop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+async def test_kill_9_of_the_trainer_is_reaped_by_the_next_start(short_tmp: Path) -> None:
+    """The trainer of ``configs/desktop.yaml`` killed with ``kill -9`` while its desktops are
+    live: they outlive it (nothing ran in it to clean up) until the next start, in another
+    process, reaps every one of them."""
+    root = short_tmp / "cua_native_desktops"
+    env = dict(os.environ, TMPDIR=str(short_tmp))
+    trainer = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "cua_native.train", "--config", str(CONFIG), "--steps", "2", "--no-progress"),
+        *("--run-dir", str(short_tmp / "runs" / "desktop")),
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with asyncio.timeout(RUN_TIMEOUT_S):  # until one of its desktops serves
+            while not (root.exists() and any(root.glob("*/server.sock"))):
+                assert trainer.returncode is None, "the trainer ended before a desktop started"
+                await asyncio.sleep(0.2)
+    finally:
+        trainer.kill()  # SIGKILL
+        await trainer.wait()
+    left = [d.name for d in root.iterdir()]
+    assert left and all(d.startswith(f"{trainer.pid}-") for d in left)
+    assert any(reaper.marked_pids(d) for d in left), "its desktops outlived it until reaped"
+    desktop = await LocalDesktop.start(LocalDesktopConfig(width=640, height=480, state_root=root))
+    try:
+        assert [d.name for d in root.iterdir()] == [desktop.desktop_id]
+        assert all(reaper.marked_pids(d) == [] for d in left)
+    finally:
+        await desktop.close()
+    assert list(root.iterdir()) == []
