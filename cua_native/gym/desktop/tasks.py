@@ -85,10 +85,12 @@ def load_tasks(path: Path) -> list[Task]:
 
 async def window_exists(client: DesktopClient, name: str, *, strict: bool = False) -> bool:
     """Whether a top-level window's title contains ``name`` (case-insensitive; equals it when
-    ``strict``), as ``wmctrl -a`` matches: read from ``wmctrl -l`` through ``/execute``."""
+    ``strict``), as ``wmctrl -a`` matches: read from ``wmctrl -l`` through ``/execute``. A
+    failed listing is "not yet": ``wmctrl`` fails with ``BadWindow`` when a window closes while
+    it reads it (LibreOffice's start-up windows do), and callers poll with a limit."""
     result = await client.execute(["wmctrl", "-l"])
     if result.returncode != 0:
-        raise DesktopUnavailable(f"wmctrl -l failed ({result.returncode}): {result.error[-200:]}")
+        return False
     titles = [
         parts[3] for line in result.output.splitlines() if len(parts := line.split(None, 3)) == 4
     ]

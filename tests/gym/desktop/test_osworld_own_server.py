@@ -47,6 +47,7 @@ async def gym(tmp_path: Path) -> AsyncIterator[DesktopGym]:
         state_root=str(tmp_path / "desktops"),
         server_python=PYTHON,
         osworld_main=MAIN,
+        start_timeout_s=LIMIT_S,  # OSWorld's server imports pyatspi, lxml, numpy: slow on a loaded machine
     )
     try:
         yield desktops
