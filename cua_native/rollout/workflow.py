@@ -233,6 +233,14 @@ class CUAAgentWorkflow(RolloutWorkflow):
             tracker.scalar(**{f"{STAT_PREFIX}/rejected_groups/no_turns": 1.0})
         return samples
 
+    async def play_group(
+        self, engine: Engine, task: Task, data: dict[str, Any]
+    ) -> list[EpisodeRun] | None:
+        """``run_group`` on this workflow's resources: the group runner for callers other than
+        AReaL (slime's rollout function, the rollout buffer), which turn the runs into their
+        own samples."""
+        return await self.run_group(engine, task, await self._resources(), data)
+
     def _step_of(self, version: int) -> int | None:
         """Training rollouts belong to the step whose weights made them (version N = after N
         updates = step N); AReaL evaluates step N after its update (version N + 1); the
