@@ -98,7 +98,8 @@ def test_evaluate_runs_on_local_desktops(short_tmp: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["episodes"] == 4 and summary["completed"] == 4, summary
+    # --episodes is per eval task (cua.eval_episodes_per_task): 4 on each of the 8 eval tasks
+    assert summary["episodes"] == 32 and summary["completed"] == 32, summary
     assert summary["rejected"] == 0 and summary["leaked_executions"] == 0, summary
     assert _screenshot_sizes(run_dir) == {(1024, 768)}  # the real screen, on the monitor
     _no_desktop_left(short_tmp)
