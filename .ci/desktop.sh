@@ -4,7 +4,11 @@
 # tasks (xterm, mousepad, pcmanfm, galculator, LibreOffice Calc) and the tools the server and
 # evaluators call (xdotool, wmctrl, xclip); needs root. The desktop server's own small virtual
 # environment (.venv-desktop: Flask, pyautogui, python-xlib, Pillow, and OSWorld's client code
-# from PyPI's desktop-env for the contract test). Safe to source again: each step is skipped when done.
+# from PyPI's desktop-env for the contract test). With CUA_OSWORLD_SERVER_MAIN set (OSWorld's own
+# desktop_env/server/main.py, which cua_native does not ship): its Debian dependencies
+# (python3-pyatspi, python3-tk, scrot) and .venv-osworld (Debian's Python 3.11 with its site
+# packages, plus the server's PyPI dependencies); exports CUA_OSWORLD_PYTHON
+# (tests/gym/desktop/test_osworld_own_server.py). Safe to source again: each step is skipped when done.
 _cua_saved_flags="$-"
 _cua_saved_pipefail="$(shopt -po pipefail)"
 set -euo pipefail
@@ -30,7 +34,22 @@ if ! "$_cua_venv/bin/python" -c "import flask, pyautogui, Xlib, PIL, desktop_env
 fi
 export CUA_DESKTOP_PYTHON="$_cua_venv/bin/python"
 
+if [ -n "${CUA_OSWORLD_SERVER_MAIN:-}" ]; then
+    if ! dpkg -s python3-pyatspi python3-tk scrot >/dev/null 2>&1; then
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends python3-pyatspi python3-tk scrot >/dev/null
+    fi
+    _cua_osworld="$_cua_root/.venv-osworld"
+    if ! "$_cua_osworld/bin/python" -c "import importlib.metadata as m, pyatspi; [m.version(p) for p in \
+            ('flask', 'pyautogui', 'python-xlib', 'pillow', 'lxml', 'numpy', 'requests')]" >/dev/null 2>&1; then
+        uv venv -q --allow-existing --system-site-packages "$_cua_osworld" --python /usr/bin/python3
+        uv pip install -q --python "$_cua_osworld/bin/python" flask==3.0.3 pyautogui==0.9.54 \
+            python-xlib==0.33 pillow==11.0.0 requests==2.32.3 lxml==5.3.0 numpy==2.1.3
+    fi
+    export CUA_OSWORLD_PYTHON="$_cua_osworld/bin/python"
+fi
+
 case "$_cua_saved_flags" in *e*) ;; *) set +e ;; esac
 case "$_cua_saved_flags" in *u*) ;; *) set +u ;; esac
 eval "$_cua_saved_pipefail"
-unset _cua_saved_flags _cua_saved_pipefail _cua_root _cua_missing _cua_bin _cua_venv
+unset _cua_saved_flags _cua_saved_pipefail _cua_root _cua_missing _cua_bin _cua_venv _cua_osworld

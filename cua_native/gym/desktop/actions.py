@@ -1,7 +1,9 @@
 """Canonical action → commands for an OSWorld desktop server's ``/execute``, in OSWorld's own
 style: ``python -c "import pyautogui; import time; pyautogui.FAILSAFE = False; <call>"`` (the
 prefix of OSWorld's ``PythonController.execute_python_command``), with pixel coordinates of the
-real screen. Text that pyautogui cannot type (non-ASCII) goes through ``xdotool type``.
+real screen. Text that pyautogui cannot type (non-ASCII) or types wrong (``<``, which its X11
+backend sends as ``>``; ``tests/gym/desktop``'s ``terminal_count_lines`` demonstration types it)
+goes through ``xdotool type``.
 
 ``desktop_commands`` is pure; ``UnsupportedOnDesktop`` marks what a desktop cannot do (an
 ``ok=False`` step for the agent, not a crash). Episode-control actions give ``[]``.
@@ -33,6 +35,7 @@ DRAG_S = 0.5
 LONG_PRESS_S = 1.0
 TYPE_INTERVAL_S = 0.01
 MAX_SCROLL_CLICKS = 50
+PYAUTOGUI_MISTYPED = frozenset("<")
 
 KEY_ALIASES = {
     "control": "ctrl",
@@ -126,7 +129,9 @@ def python_command(call: str) -> list[str]:
 def _type_commands(text: str) -> list[list[str]]:
     if not text:
         return []
-    if text.isascii() and all(ch.isprintable() or ch in "\n\t" for ch in text):
+    if text.isascii() and all(
+        (ch.isprintable() or ch in "\n\t") and ch not in PYAUTOGUI_MISTYPED for ch in text
+    ):
         return [python_command(f"pyautogui.write({text!r}, interval={TYPE_INTERVAL_S})")]
     return [["xdotool", "type", "--delay", "12", "--", text]]
 

@@ -26,7 +26,7 @@ from cua_native.gym.desktop.actions import UnsupportedOnDesktop, desktop_command
 from cua_native.gym.desktop.client import DesktopClient, DesktopTimeouts, DesktopUnavailable
 from cua_native.gym.desktop.evaluators import evaluate
 from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig
-from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, load_tasks, run_setup
+from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, load_tasks, run_setup, run_steps
 from cua_native.gym.protocol import (
     Evaluation,
     GymError,
@@ -146,6 +146,8 @@ class DesktopExecution:
         evaluator = (self._task.model_extra or {}).get("evaluator")
         if not isinstance(evaluator, dict):
             raise GymError(f"task {self._task.task_id} has no OSWorld 'evaluator'")
+        postconfig = evaluator.get("postconfig", [])
+        await run_steps(self._task, postconfig, self.client, self._gym.window_timeout_s)
         return await evaluate(evaluator, self.client)
 
     async def close(self) -> None:
@@ -170,6 +172,7 @@ class DesktopGym:
         server_python: str | None = None,
         start_timeout_s: float = 60.0,
         listen: Literal["unix", "tcp"] = "unix",
+        osworld_main: str | None = None,
         window_timeout_s: float = 60.0,
         remote_urls: Sequence[str] = (),
         timeouts: DesktopTimeouts | dict[str, float] | None = None,
@@ -182,7 +185,11 @@ class DesktopGym:
         )
         self._by_id = {t.task_id: t for t in self._tasks}
         local = LocalDesktopConfig(
-            width=width, height=height, start_timeout_s=start_timeout_s, listen=listen
+            width=width,
+            height=height,
+            start_timeout_s=start_timeout_s,
+            listen=listen,
+            osworld_main=osworld_main,
         )
         if state_root is not None:
             local = replace(local, state_root=Path(state_root))

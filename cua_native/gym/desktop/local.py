@@ -1,5 +1,6 @@
 """Local real desktops without a VM: per desktop an Xvfb display, the openbox window manager and
-the OSWorld-API server (``osworld_server.py``) on that display, with a fresh home directory.
+the OSWorld-API server (``osworld_server.py``, or OSWorld's own ``main.py`` through
+``osworld_launcher.py`` when ``osworld_main`` names one) on that display, with a fresh home directory.
 
 ``LocalDesktop.start`` makes a state directory (``reaper``: named by the owner process, every
 process marked), writes the home (openbox maximises every window; LibreOffice shows no tip
@@ -35,8 +36,11 @@ from cua_native.gym.desktop import reaper
 from cua_native.gym.protocol import GymError
 
 SERVER_SCRIPT = Path(__file__).with_name("osworld_server.py")
+OSWORLD_LAUNCHER = Path(__file__).with_name("osworld_launcher.py")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DESKTOP_PYTHON_ENV = "CUA_DESKTOP_PYTHON"
+UNIX_PATH_MAX = 107
+"""The longest path a Unix socket can bind on Linux (``sun_path`` is 108 bytes with its NUL)."""
 OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
 <openbox_config xmlns="http://openbox.org/3.4/rc">
   <applications>
@@ -75,6 +79,9 @@ class LocalDesktopConfig:
     start_timeout_s: float = 60.0
     window_manager: tuple[str, ...] = ("openbox",)
     listen: Literal["unix", "tcp"] = "unix"
+    osworld_main: str | None = None
+    """OSWorld's own ``desktop_env/server/main.py`` to serve instead of ``osworld_server.py``
+    (``osworld_launcher.py``; ``server_python`` then needs its dependencies)."""
 
 
 def _xauthority(path: Path, display: int, cookie: bytes) -> None:
@@ -115,10 +122,21 @@ def check_installed(config: LocalDesktopConfig) -> None:
     missing = [b for b in ("Xvfb", config.window_manager[0]) if shutil.which(b) is None]
     if not Path(config.server_python).exists():
         missing.append(f"the desktop server's Python {config.server_python}")
+    if config.osworld_main and not Path(config.osworld_main).is_file():
+        missing.append(f"OSWorld's server {config.osworld_main}")
     if missing:
         raise DesktopStartError(
             f"local desktops need {', '.join(missing)}: install them with "
             f"`bash .ci/desktop.sh` (or set {DESKTOP_PYTHON_ENV})"
+        )
+    # <root>/<pid>-<start time>-<8 hex>/server.sock must fit a Unix socket's path (107 bytes)
+    longest = len(os.fsencode(config.state_root.resolve())) + len(
+        "/4194304-99999999999-12345678/server.sock"
+    )
+    if config.listen == "unix" and longest > UNIX_PATH_MAX:
+        raise DesktopStartError(
+            f"state_root {str(config.state_root)!r} is too long for the server's Unix socket "
+            f"({longest} > {UNIX_PATH_MAX} bytes): give a shorter state_root (or listen: tcp)"
         )
 
 
@@ -167,6 +185,7 @@ class LocalDesktop:
             "HOME": str(self.home),
             "USER": os.environ.get("USER", "root"),
             "LANG": "C.UTF-8",
+            "XDG_SESSION_TYPE": "x11",  # pyautogui.screenshot (OSWorld's server) grabs X11 then
             "TMPDIR": str(self.state / "tmp"),
             "XDG_RUNTIME_DIR": str(self.state / "run"),
             "XAUTHORITY": str(self.state / "xauthority"),
@@ -236,9 +255,12 @@ class LocalDesktop:
             if self.config.listen == "unix"
             else ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
         )
-        server = await self._spawn(
-            [self.config.server_python, str(SERVER_SCRIPT), *listen], "server"
+        script = (
+            [str(OSWORLD_LAUNCHER), "--main", self.config.osworld_main]
+            if self.config.osworld_main
+            else [str(SERVER_SCRIPT)]
         )
+        server = await self._spawn([self.config.server_python, *script, *listen], "server")
         ready = sock if self.config.listen == "unix" else port_file
         while not ready.exists():
             if server.returncode is not None:

@@ -9,7 +9,9 @@ Set-up steps (OSWorld's names and parameters): ``launch`` and ``execute``/``comm
 (``command``, ``shell``), ``upload_file`` (``files``: ``[{"local_path", "path"}]``, local paths
 relative to the task file), ``activate_window`` (``window_name``, ``strict``) — which here waits
 for the window to appear (polling, up to ``window_timeout_s``) before activating it, so that
-an app that is still starting is not a failed set-up.
+an app that is still starting is not a failed set-up — and ``sleep`` (``seconds``). The
+evaluator's ``postconfig`` steps (the same kinds, run before judging, as OSWorld does) are
+checked at load like ``config``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from cua_native.gym.desktop.evaluators import EvaluatorError, check_evaluator
 from cua_native.gym.protocol import Task
 
 DEFAULT_TASK_FILE = Path(__file__).with_name("tasks") / "tasks.json"
-SETUP_STEPS = frozenset({"launch", "execute", "command", "upload_file", "activate_window"})
+SETUP_STEPS = frozenset({"launch", "execute", "command", "upload_file", "activate_window", "sleep"})
 WINDOW_POLL_S = 0.1
 
 
@@ -36,8 +38,10 @@ def task_from_osworld(data: dict[str, Any], base_dir: Path) -> Task:
     task_id = data.get("id")
     if not isinstance(task_id, str) or not task_id:
         raise TaskFileError(f"a task has no string 'id': {str(data)[:120]}")
-    config = data.get("config", [])
-    for step in config:
+    evaluator = data.get("evaluator")
+    if not isinstance(evaluator, dict):
+        raise TaskFileError(f"task {task_id}: no 'evaluator' object")
+    for step in [*data.get("config", []), *evaluator.get("postconfig", [])]:
         if not isinstance(step, dict) or step.get("type") not in SETUP_STEPS:
             raise TaskFileError(
                 f"task {task_id}: set-up step {step!r} is not supported; "
@@ -49,9 +53,6 @@ def task_from_osworld(data: dict[str, Any], base_dir: Path) -> Task:
                 if not local.is_file():
                     raise TaskFileError(f"task {task_id}: upload_file {local} does not exist")
                 item["local_path"] = str(local)
-    evaluator = data.get("evaluator")
-    if not isinstance(evaluator, dict):
-        raise TaskFileError(f"task {task_id}: no 'evaluator' object")
     try:
         check_evaluator(evaluator)
     except EvaluatorError as exc:
@@ -82,14 +83,35 @@ def load_tasks(path: Path) -> list[Task]:
     return tasks
 
 
+async def window_exists(client: DesktopClient, name: str, *, strict: bool = False) -> bool:
+    """Whether a top-level window's title contains ``name`` (case-insensitive; equals it when
+    ``strict``), as ``wmctrl -a`` matches: read from ``wmctrl -l`` through ``/execute``. A
+    failed listing is "not yet": ``wmctrl`` fails with ``BadWindow`` when a window closes while
+    it reads it (LibreOffice's start-up windows do), and callers poll with a limit."""
+    result = await client.execute(["wmctrl", "-l"])
+    if result.returncode != 0:
+        return False
+    titles = [
+        parts[3] for line in result.output.splitlines() if len(parts := line.split(None, 3)) == 4
+    ]
+    if strict:
+        return name in titles
+    return any(name.lower() in title.lower() for title in titles)
+
+
 async def wait_for_window(
     client: DesktopClient, name: str, *, strict: bool = False, limit_s: float = 60.0
 ) -> None:
-    """Activate the window called ``name``, polling until it exists (at most ``limit_s``)."""
+    """Activate the window called ``name``, polling until it exists (at most ``limit_s``).
+
+    Existence is read from the window list, not from ``/setup/activate_window``'s answer:
+    OSWorld's own server answers 200 whether or not ``wmctrl`` found the window."""
     try:
         async with asyncio.timeout(limit_s):
             while True:
-                if await client.window("/setup/activate_window", name, strict=strict):
+                if await window_exists(client, name, strict=strict) and await client.window(
+                    "/setup/activate_window", name, strict=strict
+                ):
                     return
                 await asyncio.sleep(WINDOW_POLL_S)
     except TimeoutError as exc:
@@ -99,9 +121,18 @@ async def wait_for_window(
 async def run_setup(task: Task, client: DesktopClient, *, window_timeout_s: float = 60.0) -> None:
     """Run the task's ``config`` steps in order; a step that fails raises ``DesktopUnavailable``
     (the set-up is the environment's job, not the agent's)."""
-    for step in (task.model_extra or {}).get("config", []):
+    await run_steps(task, (task.model_extra or {}).get("config", []), client, window_timeout_s)
+
+
+async def run_steps(
+    task: Task, steps: list[dict[str, Any]], client: DesktopClient, window_timeout_s: float
+) -> None:
+    """Run set-up ``steps`` (``config``, or the evaluator's ``postconfig``) in order."""
+    for step in steps:
         kind, params = step["type"], step.get("parameters", {})
-        if kind == "launch":
+        if kind == "sleep":
+            await asyncio.sleep(float(params.get("seconds", 0)))
+        elif kind == "launch":
             await client.launch(params["command"], shell=bool(params.get("shell", False)))
         elif kind in ("execute", "command"):
             result = await client.execute(

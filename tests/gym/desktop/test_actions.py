@@ -65,6 +65,9 @@ def test_ascii_text_is_typed_by_pyautogui_and_unicode_by_xdotool() -> None:
     assert desktop_commands(TypeText(text="Köln"), 100, 100) == [
         ["xdotool", "type", "--delay", "12", "--", "Köln"]
     ]
+    assert desktop_commands(TypeText(text="wc -l < a"), 100, 100) == [
+        ["xdotool", "type", "--delay", "12", "--", "wc -l < a"]  # pyautogui would type '>'
+    ]
     assert desktop_commands(TypeText(text=""), 100, 100) == []
 
 

@@ -28,7 +28,7 @@ async def test_the_linux_config_runs_on_desktops_with_their_options() -> None:
     assert isinstance(gym, DesktopGym)
     assert (gym.local.width, gym.local.height, gym.window_timeout_s) == (1024, 768, 90)
     assert gym.gym_id == "linux"
-    assert len(await gym.list_tasks()) == 8
+    assert len(await gym.list_tasks()) == 34
     await gym.aclose()
 
 
@@ -55,3 +55,11 @@ async def test_the_gym_server_loads_desktops_by_factory() -> None:
     gym = load_gym("cua_native.gym.desktop.gym:serve_desktops", seed=0)
     assert isinstance(gym, DesktopGym) and gym.gym_id == "desktop"
     await gym.aclose()
+
+
+async def test_a_state_root_too_long_for_a_unix_socket_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / ("x" * 80)
+    gym = DesktopGym(state_root=str(root))
+    with pytest.raises(GymError, match=r"too long for the server's Unix socket .*listen: tcp"):
+        await gym.start(await gym.get_task("terminal_hello_file"))
+    assert not root.exists()  # checked before anything was made

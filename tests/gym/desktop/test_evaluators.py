@@ -21,7 +21,7 @@ BLANK = DEFAULT_TASK_FILE.parent / "files" / "blank.ods"
 
 def test_the_shipped_tasks_load_with_their_config_and_evaluator() -> None:
     tasks = load_tasks(DEFAULT_TASK_FILE)
-    assert len(tasks) == 8
+    assert len(tasks) == 34
     apps = {t.app for t in tasks}
     assert apps == {"terminal", "text editor", "file manager", "calculator", "libreoffice calc"}
     for task in tasks:
