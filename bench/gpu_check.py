@@ -521,12 +521,11 @@ def ttft_probe(
 
 
 @contextmanager
-def method_timers(device: torch.device, into: dict[str, list[float]]) -> Iterator[None]:
-    """Time (device-synchronised) every call of the first-token path's parts."""
-    from cua_native.engine.batch import BatchDecoder
-    from cua_native.engine.slots import SlotDecoder
-
-    targets = [(BatchDecoder, "prefill"), (SlotDecoder, "fill"), (InProcessEngine, "_sample")]
+def timed_methods(
+    device: torch.device, into: dict[str, list[float]], targets: list[tuple[Any, str]]
+) -> Iterator[None]:
+    """Time (device-synchronised) every call of each ``(class, method)`` in ``targets`` into
+    ``into[method]``; the methods are restored on exit."""
     originals = [(cls, name, getattr(cls, name)) for cls, name in targets]
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -548,6 +547,17 @@ def method_timers(device: torch.device, into: dict[str, list[float]]) -> Iterato
     finally:
         for cls, name, fn in originals:
             setattr(cls, name, fn)
+
+
+@contextmanager
+def method_timers(device: torch.device, into: dict[str, list[float]]) -> Iterator[None]:
+    """Time (device-synchronised) every call of the first-token path's parts."""
+    from cua_native.engine.batch import BatchDecoder
+    from cua_native.engine.slots import SlotDecoder
+
+    targets = [(BatchDecoder, "prefill"), (SlotDecoder, "fill"), (InProcessEngine, "_sample")]
+    with timed_methods(device, into, targets):
+        yield
 
 
 def first_token_parts(

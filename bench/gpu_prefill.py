@@ -39,7 +39,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from gpu_check import (
     reset_peak,
     screenshot,
     sync,
+    timed_methods,
 )
 
 from cua_native.actions.dialects import get_dialect
@@ -225,28 +226,8 @@ def bounds(
 @contextmanager
 def timers(device: torch.device, into: dict[str, list[float]]) -> Iterator[None]:
     """Synchronised time of every prefill forward and every vision-encoder call."""
-    targets: list[tuple[Any, str]] = [(BatchDecoder, "prefill"), (CachedVisionForward, "_encode")]
-    originals = [(cls, name, getattr(cls, name)) for cls, name in targets]
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*a: Any, **k: Any) -> Any:
-            sync(device)
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                sync(device)
-                into.setdefault(name, []).append(time.perf_counter() - start)
-
-        return timed
-
-    for cls, name, fn in originals:
-        setattr(cls, name, wrap(name, fn))
-    try:
+    with timed_methods(device, into, [(BatchDecoder, "prefill"), (CachedVisionForward, "_encode")]):
         yield
-    finally:
-        for cls, name, fn in originals:
-            setattr(cls, name, fn)
 
 
 # ---------------------------------------------------------------------------- runs
