@@ -23,9 +23,17 @@ def _module_after_areal(monkeypatch: pytest.MonkeyPatch, name: str) -> logging.L
     return log
 
 
+def _without_the_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AReaL's own ``getLogger`` for this test, even where an earlier test in the process (any
+    that started a ``TrainingMonitor``) installed the seam; restored afterwards."""
+    current = areal_logging.getLogger
+    monkeypatch.setattr(areal_logging, "getLogger", getattr(current, "__wrapped__", current))
+
+
 def test_a_module_logger_made_after_areals_getlogger_reaches_the_root(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    _without_the_seam(monkeypatch)
     caplog.set_level(logging.WARNING)
     areal_logging.getLogger("areal-first")  # AReaL's set-up: a new root and manager
     log = _module_after_areal(monkeypatch, "cua_native.probe_after_areal")
@@ -46,6 +54,7 @@ def test_a_module_logger_made_after_areals_getlogger_reaches_the_root(
 def test_levels_set_on_a_package_logger_apply_to_its_modules(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    _without_the_seam(monkeypatch)
     monkeypatch.setattr(logging.root, "level", logging.WARNING)
     areal_logging.getLogger("areal-first")
     log = _module_after_areal(monkeypatch, "cua_native.probe_pkg.inner")

@@ -76,7 +76,7 @@ def _figures(tally: EpisodeTally) -> tuple[Any, ...]:
 
 @pytest.mark.slow
 def test_evaluate_reproduces_the_trainers_baseline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """One config and seed: the trainer's baseline (after its warm start) and ``evaluate`` give
     the same episodes' figures, task by task, from the same (cached) warm-started model."""
@@ -84,7 +84,11 @@ def test_evaluate_reproduces_the_trainers_baseline(
 
     from cua_native.training.embedded.trainer import EmbeddedTrainer
 
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # what train does on CPU
+    # what train does on CPU, through dynamo's own patch: monkeypatch's undo deletes the option
+    # from dynamo's config module, and a later ``config.patch(disable=...)`` then fails
+    dynamo_off = torch._dynamo.config.patch(disable=True)
+    dynamo_off.__enter__()
+    request.addfinalizer(lambda: dynamo_off.__exit__(None, None, None))
     overrides = [
         "seed=3",
         "cua.monitor_db=null",

@@ -40,11 +40,11 @@ pytestmark = [
 
 
 @pytest.fixture
-async def gym(tmp_path: Path) -> AsyncIterator[DesktopGym]:
+async def gym(short_tmp: Path) -> AsyncIterator[DesktopGym]:
     desktops = DesktopGym(
         width=1024,
         height=768,
-        state_root=str(tmp_path / "desktops"),
+        state_root=str(short_tmp / "desktops"),
         server_python=PYTHON,
         osworld_main=MAIN,
         start_timeout_s=LIMIT_S,  # OSWorld's server imports pyatspi, lxml, numpy: slow on a loaded machine

@@ -58,8 +58,8 @@ pytestmark = [pytest.mark.desktop, needs_desktop, pytest.mark.timeout(600)]
 
 
 @pytest.fixture
-async def gym(tmp_path: Path) -> AsyncIterator[DesktopGym]:
-    desktops = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(tmp_path / "desktops"))
+async def gym(short_tmp: Path) -> AsyncIterator[DesktopGym]:
+    desktops = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(short_tmp / "desktops"))
     try:
         yield desktops
     finally:
@@ -108,10 +108,10 @@ async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -
     assert_nothing_left(gym.local.state_root, ids, displays)
 
 
-async def test_osworld_own_client_against_the_server(tmp_path: Path) -> None:
+async def test_osworld_own_client_against_the_server(short_tmp: Path) -> None:
     """OSWorld's ``PythonController`` speaks TCP only: this desktop listens on loopback."""
     gym = DesktopGym(
-        width=WIDTH, height=HEIGHT, state_root=str(tmp_path / "desktops"), listen="tcp"
+        width=WIDTH, height=HEIGHT, state_root=str(short_tmp / "desktops"), listen="tcp"
     )
     execution = await gym.start(await gym.get_task("terminal_hello_file"))
     try:
@@ -213,8 +213,8 @@ asyncio.run(main())
 """
 
 
-async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(tmp_path: Path) -> None:
-    root = tmp_path / "desktops"
+async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(short_tmp: Path) -> None:
+    root = short_tmp / "desktops"
     owner = await asyncio.create_subprocess_exec(
         sys.executable, "-c", OWNER, str(root), stdout=asyncio.subprocess.PIPE
     )
@@ -238,11 +238,13 @@ async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(tmp_path: Path) -
     assert_nothing_left(root, [desktop_id, new_id], [int(display), new_display])
 
 
-async def test_remote_desktops_are_lent_one_execution_at_a_time(tmp_path: Path) -> None:
+async def test_remote_desktops_are_lent_one_execution_at_a_time(short_tmp: Path) -> None:
     """``remote_urls``: a desktop the gym did not start (here a local one over TCP) is lent to
     one execution at a time and given back on close, not removed."""
     desktop = await LocalDesktop.start(
-        LocalDesktopConfig(width=WIDTH, height=HEIGHT, state_root=tmp_path / "remote", listen="tcp")
+        LocalDesktopConfig(
+            width=WIDTH, height=HEIGHT, state_root=short_tmp / "remote", listen="tcp"
+        )
     )
     gym = DesktopGym(remote_urls=[desktop.url])
     try:
@@ -262,7 +264,7 @@ async def test_remote_desktops_are_lent_one_execution_at_a_time(tmp_path: Path) 
     finally:
         await gym.aclose()
         await desktop.close()
-    assert_nothing_left(tmp_path / "remote", [desktop.desktop_id], [desktop.display or 0])
+    assert_nothing_left(short_tmp / "remote", [desktop.desktop_id], [desktop.display or 0])
 
 
 PROBE_EVENTS = "~/events.jsonl"
@@ -324,10 +326,10 @@ async def test_each_action_kind_reaches_a_real_x_client_at_real_pixels(gym: Desk
         await execution.close()
 
 
-async def test_the_gym_server_serves_desktops_over_http(tmp_path: Path, serve: Any) -> None:
+async def test_the_gym_server_serves_desktops_over_http(short_tmp: Path, serve: Any) -> None:
     """cua_native's gym server with a ``DesktopGym`` and its HTTP client: the task's own
     evaluator decides, and terminating removes the desktop."""
-    root = tmp_path / "desktops"
+    root = short_tmp / "desktops"
     desktops = DesktopGym(width=WIDTH, height=HEIGHT, state_root=str(root))
     async with serve(create_app({"desktop": desktops})) as url:
         client = HttpGym(url, "desktop")
