@@ -8,10 +8,7 @@ aiohttp, requests, transformers are installed), so no import shim is used.
 
 from __future__ import annotations
 
-import socket
 import sys
-import threading
-import time
 from argparse import Namespace
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-import uvicorn
 from areal.api.io_struct import ModelRequest, ModelResponse
+from fakes.serving import serve_app as serve_on_loopback
 
 from cua_native.engine import InProcessEngine
 from cua_native.engine.serve import ServedModel, build_app
@@ -60,22 +57,8 @@ class Server:
 @contextmanager
 def serve(app: Any) -> Iterator[tuple[str, int]]:
     """``app`` on a free loopback port, served by uvicorn on a thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
-        yield "127.0.0.1", sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        sock.close()
+    with serve_on_loopback(app, WAIT_S) as address:
+        yield address
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,11 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-import uvicorn
 from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
 from areal.api.io_struct import ModelRequest, ModelResponse, WeightUpdateMeta
 from areal.utils import name_resolve, names
 from areal.utils.name_resolve import NfsNameRecordRepository
+from fakes.serving import serve_app
 from PIL import Image
 
 from cua_native.engine import InProcessEngine
@@ -101,22 +100,8 @@ class Serving:
 def serving(engine: InProcessEngine, backend: str, name: str = "tiny") -> Iterator[Serving]:
     """The app on a free loopback port, served by uvicorn on a thread."""
     served = ServedModel(engine, name)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(served, backend), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
-        yield Serving(addr=f"127.0.0.1:{sock.getsockname()[1]}", served=served)
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        sock.close()
+    with serve_app(build_app(served, backend), WAIT_S) as (host, port):
+        yield Serving(addr=f"{host}:{port}", served=served)
 
 
 def client_config(backend: str, **overrides: Any) -> InferenceEngineConfig:
