@@ -10,7 +10,7 @@ tasks, one line each: how it ended, its actions in order, and the first thought.
 
     uv run python bench/task_table.py runs/default/monitor.db --show sim-009,sim-010
 
-``bench/group_signal.py`` answers the other question about the same database: how much
+``bench/experiments/group_signal.py`` answers the other question about the same database: how much
 signal the training groups carry.
 """
 

@@ -71,7 +71,7 @@ class TinySpec:
     rope_theta: float = 10_000.0
     """Rotary base 1e4, not Qwen3-VL's 5e6: at 5e6 most of the 16 rotary pairs turn less than
     once over a prompt's ~800 positions, so attention can hardly tell positions apart
-    (docs/design-notes.md#rotary-base); ``bench/learning_gpu.py``'s model uses 1e4 too."""
+    (docs/design-notes.md#rotary-base); ``bench/experiments/learning_gpu.py``'s model uses 1e4 too."""
     min_pixels: int = 16 * 32 * 32
     max_pixels: int = 128 * 32 * 32
     """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens). The

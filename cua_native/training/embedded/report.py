@@ -1,7 +1,7 @@
 """What a finished embedded run prints and draws: a step table, the evaluations with their
 intervals and the measured gain, a reward/success curve, and where to find the database, the
 checkpoint and the dashboard. ``evals.json`` in the run directory keeps every evaluation's
-per-task outcomes (``bench/learning.py`` reads it)."""
+per-task outcomes (``bench/experiments/learning.py`` reads it)."""
 
 from __future__ import annotations
 
