@@ -8,7 +8,7 @@ finished episode there (unseen tasks in training, or a block still in flight). W
 TASK,...`` it then prints the actions of every baseline and last-evaluation episode of those
 tasks, one line each: how it ended, its actions in order, and the first thought.
 
-    uv run python bench/task_table.py runs/default/monitor.db --show sim-009,sim-010
+    uv run python -m cua_native.monitor tasks runs/default/monitor.db --show sim-009,sim-010
 
 ``bench/experiments/group_signal.py`` answers the other question about the same database: how much
 signal the training groups carry.
@@ -123,43 +123,44 @@ def print_episodes(con: sqlite3.Connection, rollout_ids: list[int]) -> None:
         print(f"  {end}: {actions}   [{thought}]")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``tasks`` command's arguments (``python -m cua_native.monitor tasks``)."""
     parser.add_argument("db", type=Path, help="the run's monitor.db (SQLite)")
     parser.add_argument("--block", type=int, default=10, help="training steps per column")
     parser.add_argument(
         "--show", default="", help="comma-separated task ids whose episodes to print"
     )
     parser.add_argument("--training", help="the run name of the training to show (default: latest)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table (and the ``--show`` tasks' episodes); 2 on bad input, 1 on an empty run."""
     if not args.db.is_file():
-        parser.error(f"{args.db}: no such database file")
+        print(f"error: {args.db}: no such database file", file=sys.stderr)
+        return 2
     if args.block < 1:
-        parser.error("--block must be at least 1")
+        print("error: --block must be at least 1", file=sys.stderr)
+        return 2
     con = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
     try:
         training, run_name = pick_training(con, args.training)
         outcomes, rollouts, last_eval = table(con, training, args.block)
         if not outcomes:
-            print(f"task_table: training {run_name!r} has no finished episodes", file=sys.stderr)
+            print(f"tasks: training {run_name!r} has no finished episodes", file=sys.stderr)
             return 1
         print(f"training {run_name!r}, finished episodes only")
         print_table(outcomes)
         for task in [t for t in args.show.split(",") if t]:
             if task not in outcomes:
-                print(f"task_table: {task}: no finished episodes in this training", file=sys.stderr)
+                print(f"tasks: {task}: no finished episodes in this training", file=sys.stderr)
                 continue
             for column in ("base", last_eval):
                 if column and rollouts.get((task, column)):
                     print(f"== {task} {column}")
                     print_episodes(con, rollouts[(task, column)])
     except (sqlite3.DatabaseError, LookupError) as error:
-        print(f"task_table: {args.db}: {error}", file=sys.stderr)
+        print(f"tasks: {args.db}: {error}", file=sys.stderr)
         return 2
     finally:
         con.close()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
