@@ -3,7 +3,7 @@ inference faults at 0 %, 5 % and 20 % of calls, 3 seeds, paired with the fault-f
 
     uv run python bench/experiments/chaos.py                          # 3 seeds x 3 levels, the short run
     uv run python bench/experiments/chaos.py --steps 24 --eval-episodes 2   # the embedded default's length
-    uv run python bench/experiments/chaos.py --analyse bench/experiments/results/chaos  # tables + figure from results
+    uv run python bench/experiments/chaos.py --analyse bench/experiments/results/chaos-bench  # tables + figure from results
 
 Each run trains the embedded default (tiny Qwen3-VL, its warm start, AReaL's PPOActor) against
 the simulator served over HTTP by ``cua_native.gym.server`` with a fault profile
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-stall-s", type=float, default=1.0)
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at once")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--out", default="bench/experiments/results/chaos")
+    parser.add_argument("--out", default="bench/experiments/results/chaos-bench")
     parser.add_argument("--work", default="runs/chaos")
     parser.add_argument("--analyse", metavar="DIR", default=None)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)

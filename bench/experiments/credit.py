@@ -38,7 +38,7 @@ CREDIT = "cua.agent.credit"
 BRANCH_THRESHOLD = 0.1
 """Nats over the action's first 8 tokens: about the 75th percentile of the clean warm start's
 turns (median 0.02; 1.0 fired on 2 % to 5 % of the turns after the first,
-``docs/design-notes.md#per-step-credit``)."""
+``docs/contracts.md#per-step-credit``)."""
 VARIANTS: dict[str, list[str]] = {
     "plain": [],
     "branch": [f"{CREDIT}.branch.enabled=true", f"{CREDIT}.branch.threshold={BRANCH_THRESHOLD}"],

@@ -9,7 +9,7 @@ The model must have been warm-started with ``cua.warm_start.goal_in_thought`` (t
 is generated greedily (``warm_start.demo_reply``) from the demonstrated history (teacher-forced);
 the restated goal counts as copied when the output contains "Goal: <the task's instruction>".
 ``--examples`` prints each task's first reply beside its demonstrated text.
-Figures: docs/design-notes.md#every-task-every-step and #rotary-base.
+Figures: bench/experiments/results/every-task-every-step/README.md#every-task-every-step and #rotary-base.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ missed turn's reply.
 
 A gap between the two phones is imitation that does not generalise; misses on the
 demonstration phones are turns the warm start has not learned, whose tasks RL then rarely
-sees succeed (docs/design-notes.md:
-#stronger-warm-start, #warm-start-caps-the-gpu-run).
+sees succeed (bench/experiments/results/stronger-warm-start/README.md#stronger-warm-start,
+bench/experiments/results/warm-start-caps-the-gpu-run/README.md#warm-start-caps-the-gpu-run).
 """
 
 from __future__ import annotations

@@ -4,20 +4,20 @@ locally), warm-started on every training-split sim task, then GRPO with more tas
     uv run python bench/experiments/learning_gpu.py --out runs/learning-gpu [--seed S] [KEY=VALUE ...]
 
 The warm start: 1,000 steps of 8 demonstrated turns (26 tasks on phones 0-3, lr 5e-4; 400
-steps left a fifth of its own turns unlearned: docs/design-notes.md#warm-start-caps-the-gpu-run),
+steps left a fifth of its own turns unlearned: bench/experiments/results/warm-start-caps-the-gpu-run/README.md#warm-start-caps-the-gpu-run),
 with the embedded default's early stops: each demonstrated path that has a step after its first
 action and before its last also ends once, on a step drawn among those, with
 ``terminate(success)`` (``--early-stop-share 1.0 --early-stop-after 1``; one-action paths get
-none; ``--early-stop-share 0`` keeps clean paths, docs/design-notes.md#learned-turns). Its other
+none; ``--early-stop-share 0`` keeps clean paths, bench/experiments/results/learned-turns/README.md#learned-turns). Its other
 settings are the bench's own (no goal in the thought, unlike ``configs/default.yaml``). Every
 step plays every training task (26 tasks x 4 episodes, each task on its next phone), as the
 embedded default does; no KL term (no reference forward per row), learning rate 1e-4 (at 2e-4
-one run collapsed into short, failing episodes: docs/design-notes.md#every-task-every-step).
+one run collapsed into short, failing episodes: bench/experiments/results/every-task-every-step/README.md#every-task-every-step).
 20 steps, evaluated after the 10th and the 20th (``e9``, ``e19`` in the monitor; more steps
-gained nothing: docs/design-notes.md#early-stop-after-progress). The model's rotary base is 1e4,
+gained nothing: bench/experiments/results/early-stop-after-progress/README.md#early-stop-after-progress). The model's rotary base is 1e4,
 not Qwen3-VL's 5e6 (``--rope-theta``). The evaluation plays every task 4 times (132 episodes).
-Figures: docs/design-notes.md: #every-task-every-step to #learned-turns; logs in
-bench/experiments/results/*/.
+Figures and logs: the experiments from bench/experiments/results/every-task-every-step/README.md#every-task-every-step
+to bench/experiments/results/learned-turns/README.md#learned-turns (the list: docs/results.md#experiments).
 
 The fixed evaluation set is every sim task on a phone (gym seed) that no demonstration and no
 training step uses, so one evaluation measures both: the **training tasks on new seeds** and
@@ -191,7 +191,7 @@ def main() -> int:
         "--rope-theta",
         type=float,
         default=BIG.rope_theta,
-        help="the model's rotary base (Qwen3-VL's own is 5e6; docs/design-notes.md#rotary-base)",
+        help="the model's rotary base (Qwen3-VL's own is 5e6; bench/experiments/results/rotary-base/README.md#rotary-base)",
     )
     parser.add_argument(
         "--warm-gym-seeds",
@@ -211,7 +211,7 @@ def main() -> int:
         default=1.0,
         help="share of demonstrated paths that also stop early at one step "
         "(cua.warm_start.early_stop_share; "
-        "docs/design-notes.md#imperfect-demonstrator)",
+        "bench/experiments/results/imperfect-demonstrator/README.md#imperfect-demonstrator)",
     )
     parser.add_argument(
         "--early-stop-after",
@@ -219,7 +219,7 @@ def main() -> int:
         default=1,
         help="an early stop falls only after this many of the path's actions "
         "(cua.warm_start.early_stop_after; the embedded default uses 1; "
-        "docs/design-notes.md#early-stop-after-progress)",
+        "bench/experiments/results/early-stop-after-progress/README.md#early-stop-after-progress)",
     )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 the latency of observe (screenshot) and act (a click, typed text) through the OSWorld-API server.
 
     uv run python bench/perf/desktop.py [--desktops 1 2 4] [--steps 30] [--task calc_formula_cell] \
-        [--out bench/perf/results/desktop_capacity.json]
+        [--out bench/perf/results/desktop-capacity/desktop_capacity.json]
 
 Needs ``.ci/desktop.sh``. For each N of ``--desktops``: starts N desktops of the task side by
 side (all live at once), times each start, sums the memory (PSS and RSS, from

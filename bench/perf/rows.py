@@ -1,5 +1,5 @@
 """Bytes of a group's training rows vs the size of its distinct screenshots
-(docs/design-notes.md#episode-screenshot-tensor).
+(docs/contracts.md#episode-screenshot-tensor).
 
 A group of 8 episodes x 30 turns at Qwen3-VL's pixel budget: a 1080x2400 screenshot is
 1088x2400 after resizing (2,550 tokens, 10,200 patch rows of 1,536 values), the history holds
