@@ -138,7 +138,8 @@ def run_one(args: argparse.Namespace) -> int:
     trainer = EmbeddedTrainer(loaded, progress=False, engine_wrapper=wrap, observers=[ledger])
     report = asyncio.run(with_cpu_pool(trainer.run()))
     print_report(report, step_table=False)
-    final = max(report.eval_outcomes) if report.eval_outcomes else None
+    after = report.after_steps
+    final = max(after) if after else None
     result = {
         "seed": args.seed,
         "level": args.level,
@@ -147,8 +148,8 @@ def run_one(args: argparse.Namespace) -> int:
             {**dataclasses.asdict(s), "rollout_share": s.rollout_share} for s in report.steps
         ],
         "final_eval_step": final,
-        "final_outcomes": report.eval_outcomes.get(final, {}) if final is not None else {},
-        "evals": report.evals,
+        "final_outcomes": after[final].outcomes if final is not None else {},
+        "evals": {step: r.success_rate for step, r in after.items()},
         "engine_faults": dataclasses.asdict(wrapped[0].counts) if wrapped else {},
         "trained_executions": sorted(ledger.trained()),
         "rejected_executions": sorted(ledger.rejected),
