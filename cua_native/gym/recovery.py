@@ -4,7 +4,8 @@
 (``protocol.ReplayableGym``: the same task, started with the same options and given the same
 actions, shows the same observations). It records every action the environment answered and
 a digest of the last observation seen. When a call fails with a ``GymError`` (a crashed or
-lost execution: 404 after a crash, a call still failing after the client's own retries), it
+lost execution: 404 after a crash, a call still failing after the client's own retries; not
+a 4xx refusing the request itself), it
 closes the old execution, starts a fresh one of the same task, replays the recorded actions
 in order, and checks the restored state: every replayed action must be answered as before
 (``ok``), and the observation at the point of the last one seen must have the same digest.
@@ -150,7 +151,7 @@ class ReplayingExecution:
             except RecoveryFailed:
                 raise
             except GymError as error:
-                if self.replays_left <= 0:
+                if self.replays_left <= 0 or not _lost(error):
                     raise
                 log.info(
                     "execution %s of task %s lost (%s); restoring it by replaying %d actions",
@@ -218,6 +219,14 @@ class ReplayingExecution:
                 f"replay of {self._task.task_id} on {fresh.execution_id} does not show the "
                 f"screen last seen (after {seen_at} actions): the state cannot be trusted"
             )
+
+
+def _lost(error: GymError) -> bool:
+    """Whether a failed call may have lost the execution: anything but an answer refusing the
+    request itself (a 4xx other than 404 gone, 408 timeout, 429 throttled), which a fresh
+    execution would refuse too."""
+    status = getattr(error, "status", None)
+    return not (isinstance(status, int) and 400 <= status < 500 and status not in (404, 408, 429))
 
 
 async def _close_quietly(execution: Execution | None) -> None:
