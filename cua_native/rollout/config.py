@@ -204,7 +204,7 @@ class RecoveryConfig(BaseModel):
     last screen seen (``gym/recovery.py``); only on gyms that declare exact replay (the
     simulator, a gym server whose capabilities say ``replays_exactly``). Elsewhere, and when
     the check fails, the episode is rejected."""
-    max_replays: int = Field(2, ge=0)
+    max_replays: int = Field(3, ge=0)
     """Restores (fresh executions) one episode may spend."""
     engine_retries: int = Field(2, ge=0)
     """Model calls that failed before answering (a connection reset, an inference server
