@@ -174,6 +174,25 @@ def plot(summary: dict[str, Any], train: list[dict[str, Any]], path: Path, title
     plt.close(fig)
 
 
+WARM_MADE_WITH = "bench_made_with.json"
+"""Beside a warm start this bench trained: the model spec and warm-start settings it used."""
+
+
+def reused_warm_start(warm_dir: Path, made_with: dict[str, Any]) -> dict[str, Any]:
+    """The report of a finished warm start at ``warm_dir`` made with ``made_with``; exits with
+    one line if it is unfinished or was made otherwise (a reused warm start must be the one this
+    run would have trained)."""
+    from cua_native.training.warmstart.sft import WARM_START_MARKER
+
+    marker, recorded = warm_dir / WARM_START_MARKER, warm_dir / WARM_MADE_WITH
+    if not marker.is_file() or not recorded.is_file():
+        sys.exit(f"--warm-from {warm_dir}: no finished warm start of this bench there")
+    if json.loads(recorded.read_text()) != json.loads(json.dumps(made_with)):
+        sys.exit(f"--warm-from {warm_dir}: made with another seed, model or warm-start settings")
+    report: dict[str, Any] = json.loads(marker.read_text())
+    return report
+
+
 def main() -> int:
     warm = bench_warm_start()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -221,8 +240,22 @@ def main() -> int:
         "(cua.warm_start.early_stop_after; the embedded default uses 1; "
         "docs/design-notes.md#early-stop-after-progress)",
     )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="stop after the warm start (OUT/warm), for runs that share it through --warm-from",
+    )
+    parser.add_argument(
+        "--warm-from",
+        type=Path,
+        default=None,
+        help="reuse the finished warm start of another run (its OUT/warm) instead of training "
+        "one; refused unless it was made with the same seed, model and warm-start settings",
+    )
     parser.add_argument("overrides", nargs="*", help="trainer config overrides")
     args = parser.parse_args()
+    if args.warm_only and args.warm_from is not None:
+        parser.error("--warm-only trains a warm start; --warm-from reuses one: pass one of them")
 
     from cua_native.train import main as train_main
     from cua_native.training.warmstart.demos import source_for
@@ -246,22 +279,32 @@ def main() -> int:
         early_stop_share=args.early_stop_share,
         early_stop_after=args.early_stop_after,
     )
-    report = warm_start(
-        base,
-        warm_dir,
-        settings,
-        family="mai_ui",
-        prompt_overrides=PROMPT,
-        tasks=TaskSource(split="train"),
-        gym_seeds=tuple(settings.gym_seeds),
-        demo_source=source_for("mai_ui", SIM_OPTIONS),
-        device=args.device,
-    )
-    print(
-        f"warm start: {report.steps} steps, loss {report.first_loss:.3f} -> "
-        f"{report.last_loss:.4f}, {report.demos} demos, {report.seconds:.0f} s",
-        flush=True,
-    )
+    made_with = {"spec": dataclasses.asdict(spec), "warm_start": settings.model_dump(mode="json")}
+    if args.warm_from is not None:
+        warm_dir = args.warm_from
+        warm_report = reused_warm_start(warm_dir, made_with)
+        print(f"warm start: reused {warm_dir} (made in {warm_report['seconds']:.0f} s)", flush=True)
+    else:
+        report = warm_start(
+            base,
+            warm_dir,
+            settings,
+            family="mai_ui",
+            prompt_overrides=PROMPT,
+            tasks=TaskSource(split="train"),
+            gym_seeds=tuple(settings.gym_seeds),
+            demo_source=source_for("mai_ui", SIM_OPTIONS),
+            device=args.device,
+        )
+        (warm_dir / WARM_MADE_WITH).write_text(json.dumps(made_with, indent=2))
+        warm_report = report.to_json()
+        print(
+            f"warm start: {report.steps} steps, loss {report.first_loss:.3f} -> "
+            f"{report.last_loss:.4f}, {report.demos} demos, {report.seconds:.0f} s",
+            flush=True,
+        )
+        if args.warm_only:
+            return 0
     run_dir = args.out / "run"
     code = train_main(
         [
@@ -300,7 +343,7 @@ def main() -> int:
     summary = summarize(evals, train_ids, unseen_ids)
     summary.update(
         parameters=params,
-        warm_start=report.to_json() | {"losses": None},
+        warm_start=warm_report | {"losses": None},
         seconds=time.perf_counter() - started,
         steps=args.steps,
         train_tasks=len(train_ids),
