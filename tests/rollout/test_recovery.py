@@ -5,6 +5,7 @@ answering is sent again; an episode rejected at an action leaves rows a store ac
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,33 @@ async def test_an_execution_lost_mid_episode_is_restored_and_the_episode_complet
     assert all(turn.step is not None and turn.step.ok for turn in record.turns[:2])
     assert gym.counts["act"] == 4  # act 1, act 2 (lost), act 1 replayed, act 2 again
     assert gym.started == gym.closed == 2
+
+
+async def test_the_monitor_row_of_a_recovered_episode_says_what_was_recovered(
+    processor: Any, scripted_engine_factory: Any, faulty_gym_factory: Any, tmp_path: Path
+) -> None:
+    config = AgentConfig(max_turns=5, infra_retries=0)
+    gym = faulty_gym_factory(crash={"act": {2}}, replays=True)
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_click_answer)
+    store = MonitorStore.open(None, run_dir=tmp_path / "store")
+    try:
+        recorder = Recorder([SqlSink(store, owns_store=False)], run_dir=tmp_path / "run")
+        async with recorder:
+            with TrainingMonitor(recorder, model_name="m", total_steps=1):
+                recorder.tasks_registered(await gym.list_tasks())
+                recorder.step_started(0)
+                run = await _run(gym, engine, config, processor, observer=recorder)
+                recorder.step_finished(0)
+        assert run.record.outcome == "completed"
+        with store.session() as session:
+            rollout = session.scalars(select(schema.Rollout)).one()
+            summary = json.loads(rollout.summary_json)
+        assert rollout.status == "completed"
+        assert summary["lost_executions"] == gym.crashed and summary["recovered_calls"] == 1
+        assert summary["replayed_actions"] == 1
+        assert summary["execution_id"] == run.record.context.execution_id
+    finally:
+        store.close()
 
 
 async def test_without_the_switch_or_the_capability_the_episode_is_rejected(
