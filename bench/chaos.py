@@ -516,9 +516,9 @@ def analyse(out: Path) -> dict[str, Any]:
             f"the server's store: {entry['repeated_actions']}), executions restored by replay "
             f"{entry['restored_executions']} (crashed ones in trained episodes: "
             f"{entry['damaged_restored']}), model calls retried {entry['engine_retries']}; "
-            f"time lost waiting {entry['retry_wait_s'] + entry['recovery_s']:.0f} s (before "
-            f"gym retries {entry['retry_wait_s']:.0f} s, restores and model backoff "
-            f"{entry['recovery_s']:.0f} s)"
+            f"time lost waiting {entry['retry_wait_s'] + entry['recovery_s']:.0f} s (gym "
+            f"retries: failed attempts and the waits before them {entry['retry_wait_s']:.0f} s; "
+            f"restores and model backoff {entry['recovery_s']:.0f} s)"
         )
         print(
             f"        steps: success {entry['step_success']:.0%}, turns {entry['step_turns']:.2f}"

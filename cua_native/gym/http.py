@@ -29,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +139,8 @@ class CallStats:
     retries: int = 0
     throttled: int = 0
     wait_s: float = 0.0
+    failed_s: float = 0.0
+    """Seconds the retried attempts took before they failed (a timeout's whole limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +250,7 @@ class HttpGym:
             attempt += 1
             error: GymError
             wait: float | None = None
+            began = time.monotonic()
             try:
                 response = await self._client.request(
                     method, self._url(path), json=body, timeout=timeout, headers=sent_headers
@@ -273,6 +277,7 @@ class HttpGym:
                     attempt -= 1  # a refused call is not one of the route's attempts
             if not retry or attempt >= attempts:
                 raise error
+            self.call_stats.failed_s += time.monotonic() - began
             wait = self.retries.delay(attempt) if wait is None else wait
             log.info(
                 "%s failed (attempt %d/%d), retrying in %.1f s: %s",

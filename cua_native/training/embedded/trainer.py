@@ -86,7 +86,9 @@ class StepSummary:
     retries: int = 0
     """Gym calls the client retried (5xx, dropped connections, timeouts of safe calls, 429)."""
     retry_wait_s: float = 0.0
-    """Seconds the gym client waited before those retries (summed over concurrent calls)."""
+    """Seconds lost to those retries: the waits before them (``Retry-After``, backoff) and the
+    failed attempts they repeat (a stalled call's whole timeout), summed over concurrent
+    calls."""
     rejected_s: float = 0.0
     """Seconds the rejected episodes ran before they were rejected (summed over episodes)."""
     reject_reasons: dict[str, int] = field(default_factory=dict)
@@ -170,7 +172,8 @@ progress bars, the trainer prints as each step finishes. ``roll``: the share of 
 waiting for rollouts; ``rej``: episodes an infrastructure fault rejected; ``drop``: groups
 dropped for it; ``retry``: gym calls retried; ``rcv``: calls recovered at the call (executions
 restored by replay, model calls sent again); ``wait``: seconds lost waiting on them (before gym
-retries, before model retries, restoring; summed over concurrent episodes)."""
+retries and in the failed attempts they repeat, before model retries, restoring; summed over
+concurrent episodes)."""
 
 
 @dataclass(slots=True)
@@ -251,11 +254,12 @@ class RejectedTime(NullObserver):
 
 
 def _call_stats(gym: Gym) -> tuple[int, float]:
-    """The gym client's retries and seconds waited so far (0 for gyms that keep none)."""
+    """The gym client's retries and the seconds lost to them so far: the waits before them and
+    the failed attempts they repeat (0 for gyms that keep none)."""
     stats = getattr(gym, "call_stats", None)
     if stats is None:
         return 0, 0.0
-    return int(stats.retries), float(stats.wait_s)
+    return int(stats.retries), float(stats.wait_s) + float(getattr(stats, "failed_s", 0.0))
 
 
 def _keep_eval(report: TrainReport, result: EvalResult) -> None:
