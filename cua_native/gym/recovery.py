@@ -3,7 +3,8 @@
 ``ReplayingExecution`` wraps an execution of a gym that declares exact replay
 (``protocol.ReplayableGym``: the same task, started with the same options and given the same
 actions, shows the same observations). It records every action the environment answered and
-a digest of the last observation seen. When a call fails with a ``GymError`` (a crashed or
+the last observation seen (hashed only when a restore checks it: nothing mutates an
+observation once returned, and hashing every screen would cost every turn). When a call fails with a ``GymError`` (a crashed or
 lost execution: 404 after a crash, a call still failing after the client's own retries; not
 a 4xx refusing the request itself), it
 closes the old execution, starts a fresh one of the same task, replays the recorded actions
@@ -91,8 +92,9 @@ class ReplayingExecution:
         self._clock = clock
         self._actions: list[tuple[Action, bool]] = []
         """Every action the environment answered, with its ``ok``."""
-        self._seen: tuple[int, str] | None = None
-        """(actions applied, digest) of the last observation seen."""
+        self._seen: tuple[int, Observation] | None = None
+        """(actions applied, observation) of the last observation seen; its digest is taken
+        only when a restore checks it (hashing every screen would cost each turn)."""
         self.lost: list[str] = []
         """Ids of executions lost and replaced by a restored one, in order."""
         self.replayed_actions = 0
@@ -109,7 +111,7 @@ class ReplayingExecution:
 
     def _saw(self, observation: Observation | None) -> None:
         if observation is not None:
-            self._seen = (len(self._actions), observation_digest(observation))
+            self._seen = (len(self._actions), observation)
 
     async def observe(self) -> Observation:
         observation = await self._call(lambda execution: execution.observe())
@@ -196,7 +198,8 @@ class ReplayingExecution:
 
     async def _replay(self, fresh: Execution) -> None:
         """Apply the recorded actions to ``fresh`` and check the state they lead to."""
-        seen_at, seen = self._seen if self._seen is not None else (None, None)
+        seen_at, last = self._seen if self._seen is not None else (None, None)
+        seen = observation_digest(last) if last is not None else None
         shown: Observation | None = None
         if seen_at == 0:
             shown = await fresh.observe()
