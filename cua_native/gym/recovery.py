@@ -4,16 +4,16 @@
 (``protocol.ReplayableGym``: the same task, started with the same options and given the same
 actions, shows the same observations). It records every action the environment answered and
 the last observation seen (hashed only when a restore checks it: nothing mutates an
-observation once returned, and hashing every screen would cost every turn). When a call fails with a ``GymError`` (a crashed or
-lost execution: 404 after a crash, a call still failing after the client's own retries; not
-a 4xx refusing the request itself), it
-closes the old execution, starts a fresh one of the same task, replays the recorded actions
-in order, and checks the restored state: every replayed action must be answered as before
-(``ok``), and the observation at the point of the last one seen must have the same digest.
-Only then does the failed call run again, on the fresh execution. A restore that cannot be
-checked or does not match raises ``RecoveryFailed`` (the episode is rejected, as without
-recovery); so does running out of ``max_replays``. Nothing is guessed: a gym that does not
-declare exact replay is never wrapped (``gym_replays_exactly``).
+observation once returned, and hashing every screen would cost every turn). When a call fails
+with a ``GymError`` that may have lost the execution (404 after a crash, a call still failing
+after the client's own retries; not a 4xx refusing the request itself), it closes the old
+execution, starts a fresh one of the same task, replays the recorded actions in order, and
+checks the restored state: every replayed action must be answered as before (``ok``), and the
+observation at the point of the last one seen must have the same digest. Only then does the
+failed call run again, on the fresh execution. A restore that cannot be checked or does not
+match raises ``RecoveryFailed`` (the episode is rejected, as without recovery); so does
+running out of ``max_replays``. Nothing is guessed: a gym that does not declare exact replay
+is never wrapped (``gym_replays_exactly``).
 
 The lost executions' ids, the actions replayed and the seconds spent are kept on the wrapper
 (``lost``, ``replayed_actions``, ``seconds``) for the episode's record.
