@@ -258,6 +258,48 @@ def processes_tagged(tag: str) -> list[int]:
     return found
 
 
+def start_gym_server(
+    profile: dict[str, Any], env: dict[str, str], gym_log: Path, tries: int = 3
+) -> tuple[subprocess.Popen[bytes], str, dict[str, Any]]:
+    """The faulty gym server on a free port, ready; another port when it exits before it is
+    (a port another run took between the probe and the bind). Returns it, its URL and its
+    capabilities."""
+    for attempt in range(1, tries + 1):
+        port = free_port()
+        with gym_log.open("ab") as log:
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cua_native.gym.server",
+                    "--port",
+                    str(port),
+                    "--screenshot-size",
+                    "160x384",
+                    "--fault-profile",
+                    json.dumps(profile),
+                    "--idle-ttl-s",
+                    "0",
+                    "--log-level",
+                    "info",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            return server, url, wait_ready(url, server)
+        except RuntimeError:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
 def build_warm_start(args: argparse.Namespace, seed: int) -> None:
     """The seed's warm start, built once before its levels run at once (they share it)."""
     job_dir = Path(args.work) / f"seed{seed}" / "warm-build"
@@ -292,8 +334,6 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
     name = f"seed{seed}-{level_name(level)}"
     job_dir = Path(args.work) / f"seed{seed}" / level_name(level)
     job_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     tag = f"{os.getpid()}-{name}"
     threads = str(args.threads)
     env = {
@@ -305,34 +345,12 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
     }
     profile = fault_profile(level, seed, args.stall_s, args.slow_create_s)
     gym_log = job_dir / "gym.log"
-    with gym_log.open("wb") as log:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cua_native.gym.server",
-                "--port",
-                str(port),
-                "--screenshot-size",
-                "160x384",
-                "--fault-profile",
-                json.dumps(profile),
-                "--idle-ttl-s",
-                "0",
-                "--log-level",
-                "info",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    gym_log.write_bytes(b"")  # this run's faults only
+    server, url, capabilities = start_gym_server(profile, env, gym_log)
     started = time.monotonic()
     result_path = job_dir / "result.json"
     leaks: dict[str, Any] = {}
-    capabilities: dict[str, Any] = {}
     try:
-        capabilities = wait_ready(url, server)
         with (job_dir / "train.log").open("wb") as log:
             train = subprocess.run(
                 [
