@@ -20,7 +20,13 @@ from cua_native.gym.http import (
     HttpGym,
     RetryPolicy,
 )
-from cua_native.gym.protocol import Execution, ExecutionGone, Task, gym_replays_exactly
+from cua_native.gym.protocol import (
+    Execution,
+    ExecutionGone,
+    StepResult,
+    Task,
+    gym_replays_exactly,
+)
 from cua_native.gym.recovery import RecoveryFailed, ReplayingExecution, observation_digest
 from cua_native.gym.server import create_app
 from cua_native.gym.sim import SimGym
@@ -206,6 +212,67 @@ async def test_only_a_gym_that_declares_exact_replay_is_replayed(toy: Any) -> No
     assert await gym_replays_exactly(SimGym(seed=0))
     assert not await gym_replays_exactly(toy)  # a real gym that does not say so
     assert not await gym_replays_exactly(object())
+
+
+class _BlindActs:
+    """The real simulator, whose actions answer without a screen (as a gym may): the screen
+    last seen then comes from an ``observe`` between actions."""
+
+    def __init__(self) -> None:
+        self.inner = SimGym(seed=0, screenshot_size=(160, 384))
+        self.gym_id = "sim"
+
+    async def replays_exactly(self) -> bool:
+        return True
+
+    async def list_tasks(self) -> list[Task]:
+        return await self.inner.list_tasks()
+
+    async def get_task(self, task_id: str) -> Task:
+        return await self.inner.get_task(task_id)
+
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution:
+        return _Blind(await self.inner.start(task, options))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Blind:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.execution_id = inner.execution_id
+        self.task = inner.task
+
+    async def observe(self) -> Any:
+        return await self.inner.observe()
+
+    async def act(self, action: Any) -> Any:
+        result = await self.inner.act(action)
+        return StepResult(ok=result.ok, error=result.error, feedback=result.feedback)
+
+    async def evaluate(self, answer: str | None = None) -> Any:
+        return await self.inner.evaluate(answer)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_restore_checks_the_screen_seen_between_actions() -> None:
+    gym = _BlindActs()
+    task = await _sim_task(gym.inner)
+    first = await gym.start(task)
+    execution = ReplayingExecution(gym, task, first, max_replays=1)
+    await execution.act(ACTIONS[0])
+    await execution.act(ACTIONS[1])
+    seen = observation_digest(await execution.observe())  # after two actions
+    await execution.act(ACTIONS[2])  # no screen: the check stays at the second
+    await first.close()
+    now = await execution.observe()  # restored: three replayed, checked after the second
+    assert execution.lost == [first.execution_id] and execution.replayed_actions == 3
+    assert now.turn == 3 and observation_digest(now) != seen
+    await execution.close()
+    assert not gym.inner._live
 
 
 async def test_restores_are_bounded() -> None:
