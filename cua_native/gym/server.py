@@ -315,7 +315,7 @@ class FaultMiddleware:
     route ran; ``drop_after``: once the route ran, its answer lost). A throttle
     answers 429 with ``Retry-After``; a stall waits before the route runs; a crash closes the
     execution through ``crash(gym_id, execution_id)`` and answers 502. Every injected fault is
-    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/chaos.py`` counts).
+    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/experiments/chaos.py`` counts).
     """
 
     def __init__(

@@ -167,7 +167,7 @@ class ReplayConfig(BaseModel):
 
 
 class CreditConfig(BaseModel):
-    """Per-step credit beyond the episode's group advantage (``docs/design-notes.md#per-step-credit``):
+    """Per-step credit beyond the episode's group advantage (``docs/contracts.md#per-step-credit``):
     each switch off by default."""
 
     model_config = ConfigDict(extra="forbid")
@@ -193,7 +193,7 @@ class CreditConfig(BaseModel):
 
 class RecoveryConfig(BaseModel):
     """Recovery at the call: a fault costs a retry, not the episode
-    (``docs/design-notes.md#recovery-at-the-call``). The gym client's own retries (reads,
+    (``docs/contracts.md#recovery-at-the-call``). The gym client's own retries (reads,
     idempotent actions, 429 after ``Retry-After``) are its ``retries`` option; these are the
     episode's."""
 

@@ -327,7 +327,8 @@ async def test_a_crash_happens_when_the_request_arrives_never_after_its_stall(
 ) -> None:
     """A request drawn to crash and to stall crashes at once (502, then 404 for the retry):
     the crash can never land after a retry of the same call was answered 200 (the damaged
-    execution the first chaos run counted in a trained group, ``docs/design-notes.md``)."""
+    execution the first chaos run counted in a trained group,
+    ``docs/contracts.md#recovery-at-the-call``)."""
     faults: dict[str, Any] = {
         "crash_share": {"evaluate": 1.0},
         "stall_share": {"evaluate": 0.5},
