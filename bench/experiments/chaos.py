@@ -394,23 +394,8 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
             leaks["gym_server_rc"] = server.wait()
     leaks["processes_left"] = len(processes_tagged(tag))
     wall = time.monotonic() - started
-    faults = Counter[str]()
-    damaged: set[str] = set()
-    repeated = 0
-    for line in gym_log.read_text(errors="replace").splitlines():
-        if "repeated action key=" in line:
-            repeated += 1
-        match = FAULT_LINE.search(line)
-        if match is None:
-            continue
-        kind, route, path = match.groups()
-        faults[kind] += 1
-        parts = path.strip("/").split("/")
-        if len(parts) >= 5 and parts[3] == "executions":
-            keyed = capabilities.get("idempotent_actions") is True
-            action_damage = not keyed and kind in ACTION_DAMAGING
-            if kind in DAMAGING or (route == "actions" and action_damage):
-                damaged.add(parts[4])
+    keyed = capabilities.get("idempotent_actions") is True
+    faults, damaged, repeated = read_gym_log(gym_log.read_text(errors="replace"), keyed)
     if train.returncode != 0 or not result_path.is_file():
         return {"seed": seed, "level": level, "failed": train.returncode, "wall_s": wall}
     result = json.loads(result_path.read_text())
@@ -429,6 +414,29 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
     )
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def read_gym_log(text: str, keyed_actions: bool) -> tuple[Counter[str], set[str], int]:
+    """The gym server's log: faults by kind, the executions a fault damaged (a crash; a fault
+    of an action too unless the server honours idempotency keys), and the actions answered
+    from its store (a retried action that did not run twice)."""
+    faults = Counter[str]()
+    damaged: set[str] = set()
+    repeated = 0
+    for line in text.splitlines():
+        if "repeated action key=" in line:
+            repeated += 1
+        match = FAULT_LINE.search(line)
+        if match is None:
+            continue
+        kind, route, path = match.groups()
+        faults[kind] += 1
+        parts = path.strip("/").split("/")
+        if len(parts) >= 5 and parts[3] == "executions":
+            action_damage = not keyed_actions and kind in ACTION_DAMAGING
+            if kind in DAMAGING or (route == "actions" and action_damage):
+                damaged.add(parts[4])
+    return faults, damaged, repeated
 
 
 def monitor_step_metrics(db: Path) -> list[dict[str, Any]]:
