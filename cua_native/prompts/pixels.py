@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -184,34 +186,54 @@ class PixelKernel:
         )
         return kernel if same else None
 
-    def __call__(self, image: Image.Image) -> ImageFeatures:
+    def __call__(self, image: Image.Image, threads: int = 1) -> ImageFeatures:
+        """The image's rows (RGB only); ``threads``: see ``rows``."""
         if image.mode != "RGB":
             raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
+        return self.rows(np.asarray(image, dtype=np.uint8), threads)
+
+    def rows(self, pixels: np.ndarray, threads: int = 1) -> ImageFeatures:
+        """The rows of an ``(H, W, C)`` uint8 image. ``threads`` > 1 splits the image into
+        that many bands of whole merge blocks (a band's rows are a contiguous run of the
+        output) computed on threads; NumPy releases the GIL in its copies and arithmetic, and
+        every value is the same whichever thread computes it."""
         patch, merge, temporal = self.patch, self.merge, self.temporal
-        width, height = image.size
+        height, width, channels = pixels.shape
         if width % (patch * merge) or height % (patch * merge):
             raise ValueError(f"image size {width}x{height} is not a multiple of {patch * merge}")
-        pixels = np.asarray(image, dtype=np.uint8)  # (H, W, C)
-        channels = pixels.shape[2]
         if channels != self.channels:
             raise ValueError(f"the kernel is for {self.channels} channels, got {channels}")
         grid_h, grid_w = height // patch, width // patch
         count = grid_h * grid_w
+        per_band = grid_w * merge  # patch rows in one band of merge blocks
         blocks = pixels.reshape(
             grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels
         )
-        # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
-        ordered = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
-        ordered = ordered.reshape(count, channels, patch * patch)
         rows = np.empty((count, channels, temporal, patch * patch), dtype=np.float32)
-        scratch = np.empty((min(ROWS_PER_CHUNK, count), channels, patch * patch), np.float32)
-        for start in range(0, count, ROWS_PER_CHUNK):
-            stop = min(start + ROWS_PER_CHUNK, count)
-            values = scratch[: stop - start]
-            np.copyto(values, ordered[start:stop])
-            self.normalization.apply(values)
-            for frame in range(temporal):  # a still image repeated over the temporal patch
-                rows[start:stop, :, frame] = values
+
+        def fill(band: tuple[int, int]) -> None:
+            lo, hi = band
+            # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
+            ordered = np.ascontiguousarray(blocks[lo:hi].transpose(0, 3, 1, 4, 6, 2, 5))
+            ordered = ordered.reshape(-1, channels, patch * patch)
+            out = rows[lo * per_band : hi * per_band]
+            scratch = np.empty((min(ROWS_PER_CHUNK, len(ordered)), *ordered.shape[1:]), np.float32)
+            for start in range(0, len(ordered), ROWS_PER_CHUNK):
+                stop = min(start + ROWS_PER_CHUNK, len(ordered))
+                values = scratch[: stop - start]
+                np.copyto(values, ordered[start:stop])
+                self.normalization.apply(values)
+                for frame in range(temporal):  # a still image repeated over the temporal patch
+                    out[start:stop, :, frame] = values
+
+        bands = grid_h // merge
+        split = max(1, min(threads, bands))
+        ranges = list(pairwise(bands * i // split for i in range(split + 1)))
+        if split == 1:
+            fill(ranges[0])
+        else:
+            with ThreadPoolExecutor(split, thread_name_prefix="pixels") as pool:
+                list(pool.map(fill, ranges))
         grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
         return ImageFeatures(
             pixel_values=torch.from_numpy(rows.reshape(count, -1)), image_grid_thw=grid
@@ -229,24 +251,50 @@ def kernel_matches(image_processor: Any) -> bool:
 
 
 def image_features(
-    image_processor: Any, image: PreparedImage, *, kernel: PixelKernel | None = None
+    image_processor: Any,
+    image: PreparedImage,
+    *,
+    kernel: PixelKernel | None = None,
+    threads: int = 1,
 ) -> ImageFeatures:
     """The image's tensors for this image processor, computed on first use. Blocking.
 
-    ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``)."""
+    ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``), with
+    ``threads`` (see ``PixelKernel.rows``; above 1 the content key is hashed on one more thread
+    meanwhile)."""
     key = image_processor_key(image_processor)
     if kernel is not None:
-        return image.cached(key, lambda: _keyed(kernel(image.image), key, image.image))
-    return image.cached(
-        key, lambda: _keyed(compute_features(image_processor, image), key, image.image)
-    )
+        return image.cached(key, lambda: _kernel_features(kernel, key, image.image, threads))
+
+    def reference() -> ImageFeatures:
+        features = compute_features(image_processor, image)
+        return replace(features, content_key=content_key(key, image.image, image.image.tobytes()))
+
+    return image.cached(key, reference)
 
 
-def _keyed(features: ImageFeatures, processor: Hashable, image: Image.Image) -> ImageFeatures:
+def _kernel_features(
+    kernel: PixelKernel, key: Hashable, image: Image.Image, threads: int
+) -> ImageFeatures:
+    if image.mode != "RGB":
+        raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
+    pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))  # = image.tobytes()
+    if threads <= 1:
+        return replace(kernel.rows(pixels), content_key=content_key(key, image, pixels.data))
+    with ThreadPoolExecutor(1, thread_name_prefix="content-key") as pool:
+        digest = pool.submit(content_key, key, image, pixels.data)
+        features = kernel.rows(pixels, threads)
+        return replace(features, content_key=digest.result())
+
+
+def content_key(processor: Hashable, image: Image.Image, data: bytes | memoryview) -> str:
+    """``ImageFeatures.content_key``: SHA-1 of the image processor's settings, the image's mode
+    and size, and its pixel bytes ``data`` (``image.tobytes()`` or the same bytes as an array).
+    """
     digest = hashlib.sha1(repr(processor).encode(), usedforsecurity=False)
     digest.update(f"{image.mode} {image.size}".encode())
-    digest.update(image.tobytes())
-    return replace(features, content_key=digest.hexdigest())
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def concat_features(features: Sequence[ImageFeatures]) -> dict[str, torch.Tensor]:
