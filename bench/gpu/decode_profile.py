@@ -36,7 +36,6 @@ import asyncio
 import dataclasses
 import json
 import statistics
-import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,9 +46,7 @@ import torch
 from areal.api.cli_args import GenerationHyperparameters
 from areal.api.io_struct import ModelRequest
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # gpu_check: beside this file or one level up
-from gpu_check import (  # noqa: E402
+from bench.gpu.gpu_check import (
     REAL_MAX_PIXELS,
     REAL_MIN_PIXELS,
     HbmBound,
@@ -57,9 +54,8 @@ from gpu_check import (  # noqa: E402
     generate,
     real_size_model,
 )
-
-from cua_native.engine import InProcessEngine, InProcessEngineConfig  # noqa: E402
-from cua_native.engine.slots import SlotDecoder  # noqa: E402
+from cua_native.engine import InProcessEngine, InProcessEngineConfig
+from cua_native.engine.slots import SlotDecoder
 
 Figures = dict[str, Any]
 MODES: dict[str, dict[str, Any]] = {"greedy": {"greedy": True}, "sample": {"temperature": 1.0}}

@@ -3,27 +3,19 @@ and profiler), its step breakdown on a GPU-shaped trace, and its refusal of bad 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    path = ROOT / "bench" / "gpu" / "decode_profile.py"
-    spec = importlib.util.spec_from_file_location("decode_profile_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from bench.gpu import decode_profile
+
+    return decode_profile
 
 
 def test_cpu_smoke_run_writes_a_breakdown(bench: ModuleType, tmp_path: Path) -> None:
