@@ -67,6 +67,8 @@ MARKS = {
 CATEGORIES = ("matmul", "attention", "norm_rope_elementwise", "sampling", "copies", "other")
 MATMUL_NAMES = ("gemm", "gemv", "cutlass", "xmma", "cublas", "nvjet", "splitk", "matmul", "mm_")
 """Kernel-name parts of matrix products (cuBLAS/cuBLASLt incl. Hopper's ``nvjet`` kernels)."""
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+"""Host-side CUDA calls (triton's kernels are launched through the driver API)."""
 SYNC_CALLS = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -263,7 +265,7 @@ def breakdown(trace: Figures, top: int) -> Figures:
     runtime = {
         e["args"]["correlation"]: e
         for e in in_window
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
     }
     # GPU kernels and copies: launched in the window (by correlation), else run in it
     device_events = [
@@ -285,17 +287,22 @@ def breakdown(trace: Figures, top: int) -> Figures:
             kernels[e["name"]][0] += e["dur"]
             kernels[e["name"]][1] += 1
         busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in device_events])
-        syncs = [e for e in in_window if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_CALLS]
+        syncs = [
+            e
+            for e in in_window
+            if e.get("cat") in LAUNCH_CATEGORIES and e["name"].split("_v")[0] in SYNC_CALLS
+        ]
         sync_us = sum(e["dur"] for e in syncs)
         graph_launches = sum(
             1
             for e in in_window
-            if e.get("cat") == "cuda_runtime" and e["name"] == "cudaGraphLaunch"
+            if e.get("cat") in LAUNCH_CATEGORIES and e["name"].startswith("cudaGraphLaunch")
         )
         kernel_launches = sum(
             1
             for e in in_window
-            if e.get("cat") == "cuda_runtime" and e["name"].startswith("cudaLaunchKernel")
+            if e.get("cat") in LAUNCH_CATEGORIES
+            and e["name"].startswith(("cudaLaunchKernel", "cuLaunchKernel"))
         )
     else:  # CPU: the operators' self time inside the window, by the same names
         ops = [e for e in in_window if e.get("cat") == "cpu_op"]
