@@ -33,6 +33,7 @@ every row, and the trained positions alone) plus the first step's gradient norms
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -250,6 +251,8 @@ def run_mode(
     finally:
         hook.remove()
         actor.destroy()
+        del actor
+        gc.collect()
         if cuda:
             torch.cuda.empty_cache()
 

@@ -281,8 +281,8 @@ def share_screenshots(model: Any, *, dedupe: bool = True) -> None:
     off, every copy as before. Either way the vision tower never sees the text's packing
     keywords (newer transformers hand them on, and its attention would then split the
     patches by the text's lengths). Idempotent: the first call decides."""
-    child = getattr(model, "model", None)
-    inner = child if hasattr(child, "visual") else model
+    child: Any = getattr(model, "model", None)
+    inner: Any = child if hasattr(child, "visual") else model
     if getattr(inner, _WRAPPED, False):
         return
     original = inner.get_image_features
