@@ -101,9 +101,22 @@ def register_packed_attention() -> str:
 
 
 def use_packed_attention(model: Any) -> None:
-    """Switch ``model`` (text and vision) to ``PACKED_SDPA``."""
+    """Switch ``model`` (text and vision) to ``PACKED_SDPA``; raises ``RuntimeError`` if the
+    text model's attention does not follow."""
     name = register_packed_attention()
-    model.set_attn_implementation(name)
+    try:
+        model.set_attn_implementation(name)
+    except (ValueError, NotImplementedError):  # a transformers that checks names its own way
+        config = model.config
+        for sub in (config, *(getattr(config, k, None) for k in ("text_config", "vision_config"))):
+            if sub is not None:
+                sub._attn_implementation = name
+    text = getattr(model.config, "text_config", model.config)
+    if text._attn_implementation != name:
+        raise RuntimeError(
+            f"attention implementation {name!r} not taken by the text model "
+            f"(it kept {text._attn_implementation!r}): packed rows would attend across rows"
+        )
 
 
 def image_owners(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[list[int], list[int]]:
