@@ -11,7 +11,7 @@ Issue 41's train-step goal. Runs AReaL's own FSDP actor (``CUAFSDPPPOActor``, on
   (what the actor does now).
 
 (Vision once without packing has nothing to share: a one-row micro-batch holds each screenshot
-once.) The rows are the rehearsal's (``bench/gpu_rehearsal.py``, configs/qwen3_vl_android.yaml
+once.) The rows are the rehearsal's (``bench/gpu/gpu_rehearsal.py``, configs/qwen3_vl_android.yaml
 scaled as ``--rehearse`` scales it): ``--tasks`` tasks x ``--group`` episodes x ``--turns``
 turns, each turn a row whose prompt carries the last ``--history`` + 1 screenshots at
 Qwen3-VL's real budget (1088x2400: 10,200 patches, 2,550 image tokens), ``--text`` prompt text
@@ -42,9 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-BENCH = HERE.parent
-ROOT = BENCH.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL_GRID = (1, 150, 68)
 """A 1088x2400 screenshot in 16-pixel patches."""
 TINY_GRID = (1, 8, 6)
@@ -293,8 +291,7 @@ def main() -> int:
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(BENCH))
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # run as a file: ``bench.gpu`` and ``cua_native`` importable
     for key, value in (
         ("MASTER_ADDR", "127.0.0.1"),
         ("MASTER_PORT", str(_free_port())),
@@ -312,7 +309,7 @@ def main() -> int:
         model_dir = tiny_model_dir(out / "cache")
         grid = TINY_GRID
     else:
-        from gpu_rehearsal import build_model
+        from bench.gpu.gpu_rehearsal import build_model
 
         model_dir = (
             Path("/tmp/cua_gpu_rehearsal") / f"qwen3-vl-random-{args.layers}-{args.vision_depth}"

@@ -303,7 +303,7 @@ class FaultMiddleware:
     uvicorn then closes the socket, and the client sees a connection cut mid-answer. A throttle
     answers 429 with ``Retry-After``; a stall waits before the route runs; a crash closes the
     execution through ``crash(gym_id, execution_id)`` and answers 502. Every injected fault is
-    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/chaos.py`` counts).
+    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/experiments/chaos.py`` counts).
     """
 
     def __init__(

@@ -167,7 +167,7 @@ class ReplayConfig(BaseModel):
 
 
 class CreditConfig(BaseModel):
-    """Per-step credit beyond the episode's group advantage (``docs/design-notes.md#per-step-credit``):
+    """Per-step credit beyond the episode's group advantage (``docs/contracts.md#per-step-credit``):
     each switch off by default."""
 
     model_config = ConfigDict(extra="forbid")

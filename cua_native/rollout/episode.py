@@ -400,7 +400,7 @@ class Episode:
         request.metadata.setdefault("episode_id", context.episode_id)
         # One request id for all the episode's turns: AReaL's remote engine sends requests
         # with the same ``rid`` to the same server (RemoteInfEngine.rid_to_address), whose
-        # prefix cache then holds the earlier turns (docs/design-notes.md#one-request-id-per-episode).
+        # prefix cache then holds the earlier turns (docs/contracts.md#one-request-id-per-episode).
         request.rid = context.episode_id
         request.metadata.setdefault("turn", index)
         sent_ids = list(request.input_ids)

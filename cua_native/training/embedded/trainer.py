@@ -158,21 +158,22 @@ class TrainReport:
     model_dir: Path
     monitor_url: str | None
     steps: list[StepSummary] = field(default_factory=list)
-    baseline_success: float | None = None
-    evals: dict[int, float] = field(default_factory=dict)
-    baseline_outcomes: dict[str, list[bool]] | None = None
-    """Task id → success of each baseline episode (for the paired interval)."""
-    eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
-    eval_parse_errors: dict[int, float] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → parse errors per model turn."""
-    eval_false_done: dict[int, float] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → share of episodes ended by a failed "done"."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
     evaluations: dict[int, EvalResult] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → its result."""
+    """Evaluation step (-1: the baseline) → its result: the run's one record of its evaluations."""
     credit: bool = False
     """A credit switch was on (the step table shows its columns)."""
+
+    @property
+    def baseline(self) -> EvalResult | None:
+        """The evaluation before training (``None`` when the run made none)."""
+        return self.evaluations.get(-1)
+
+    @property
+    def after_steps(self) -> dict[int, EvalResult]:
+        """The evaluations after training steps, by step, in step order."""
+        return {step: r for step, r in sorted(self.evaluations.items()) if step >= 0}
 
 
 def _ppo_step(
@@ -239,16 +240,7 @@ def _call_stats(gym: Gym) -> tuple[int, float]:
 
 def _keep_eval(report: TrainReport, result: EvalResult) -> None:
     """An evaluation's figures in the report, under its step (the baseline: -1)."""
-    point = -1 if result.kind == "baseline" else result.step
-    report.evaluations[point] = result
-    if result.kind == "baseline":
-        report.baseline_success = result.success_rate
-        report.baseline_outcomes = result.outcomes
-    else:
-        report.evals[result.step] = result.success_rate
-        report.eval_outcomes[result.step] = result.outcomes
-    report.eval_parse_errors[point] = result.parse_errors_per_turn
-    report.eval_false_done[point] = result.false_done_rate
+    report.evaluations[-1 if result.kind == "baseline" else result.step] = result
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
