@@ -93,7 +93,9 @@ def build_batch(
     patches = grid[0] * grid[1] * grid[2]
     pixels: dict[tuple[int, ...], Any] = {}
     generator = torch.Generator().manual_seed(seed)
-    vocab = min(int(model_config.text_config.vocab_size), len(tokenizer))
+    # text ids below every special token (the image pads and vision markers among them)
+    special = min(tokenizer.get_added_vocab().values(), default=len(tokenizer))
+    vocab = min(int(model_config.text_config.vocab_size), len(tokenizer), special)
     seqs, loss_masks, mms = [], [], []
     for _, window in rows:
         ids = torch.randint(10, vocab // 2, (text,), generator=generator).tolist()
@@ -104,7 +106,9 @@ def build_batch(
             ids += torch.randint(10, vocab // 2, (16,), generator=generator).tolist()
         ids += torch.randint(10, vocab // 2, (output,), generator=generator).tolist()
         seqs.append(ids)
-        loss_masks.append([0] * (len(ids) - output) + [1] * output)
+        # AReaL's PPO actor trains position i on token i + 1 (its loss mask rolled by one):
+        # the positions that predict the output tokens
+        loss_masks.append([0] * (len(ids) - output - 1) + [1] * output + [0])
         mms.append(
             {
                 "pixel_values": torch.cat([pixels[k] for k in window]),
@@ -343,8 +347,7 @@ def main() -> int:
     base = args.modes[0]
     mask = batch["attention_mask"].clone()
     mask[torch.arange(mask.shape[0]), torch.tensor(lengths) - 1] = False  # last: no next token
-    trained = batch["loss_mask"].bool()
-    trained = torch.roll(trained, -1, dims=1) & mask  # position predicting a trained token
+    trained = batch["loss_mask"].bool()  # positions predicting a trained token
     for mode, figures in results.items():
         diff = (logps[mode] - logps[base]).abs()
         figures["max_abs_dlogp_vs_" + base] = float(diff[mask].max())

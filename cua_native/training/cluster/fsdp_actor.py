@@ -107,17 +107,19 @@ class CUAFSDPPPOActor(FSDPPPOActor):
     def _grouped_mb_list(self, input_: dict[str, Any]) -> Any:
         """Micro-batches that keep rows sharing a screenshot together (``allocate_groups``
         under the configured ``max_tokens_per_mb`` and ``n_mbs``, the count agreed across data
-        parallel ranks as AReaL's splitter agrees it), each built by AReaL's own
+        parallel ranks as AReaL's splitter agrees it and rounded up to ``n_mbs_divisor``), each built by AReaL's own
         ``_prepare_mb_list`` (packing, padding, 3-D positions) and merged into one list."""
         spec = self.config.mb_spec
         lengths = [int(n) for n in input_["attention_mask"].sum(-1).tolist()]
         groups = row_groups(input_["multi_modal_input"])
         cap = spec.max_tokens_per_mb or DEFAULT_MAX_TOKENS_PER_MB
-        bins = allocate_groups(lengths, groups, cap, max(1, spec.n_mbs or 1))
+        divisor = max(1, spec.n_mbs_divisor or 1)
+        count = len(allocate_groups(lengths, groups, cap, max(1, spec.n_mbs or 1)))
         if dist.is_initialized() and dist.get_world_size(self.data_parallel_group) > 1:
             counts: list[Any] = [None] * dist.get_world_size(self.data_parallel_group)
-            dist.all_gather_object(counts, len(bins), group=self.data_parallel_group)
-            bins = allocate_groups(lengths, groups, cap, max(counts))
+            dist.all_gather_object(counts, count, group=self.data_parallel_group)
+            count = max(counts)
+        bins = allocate_groups(lengths, groups, cap, -(-count // divisor) * divisor)
         whole = MicroBatchSpec.new(
             spec,
             n_mbs=1,
