@@ -287,7 +287,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.tasks < 1 or args.group < 1 or args.turns < 1 or args.history < 0 or args.repeat < 1:
         parser.error("--tasks, --group, --turns, --repeat must be >= 1 and --history >= 0")
-    if args.device == "cuda" and args.tiny is False:
+    if args.max_tokens_per_mb < 0:
+        parser.error("--max-tokens-per-mb must be >= 0 (0: no cap)")
+    if args.device == "cpu" and not args.tiny:
+        parser.error("--device cpu runs the tiny model only: add --tiny")
+    if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
