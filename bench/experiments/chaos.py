@@ -1,17 +1,19 @@
 """Chaos that must not bias learning: whole embedded-default training runs with environment and
 inference faults at 0 %, 5 % and 20 % of calls, 3 seeds, paired with the fault-free run.
 
-    uv run python bench/experiments/chaos.py                          # 3 seeds x 3 levels, the short run
-    uv run python bench/experiments/chaos.py --steps 24 --eval-episodes 2   # the embedded default's length
-    uv run python bench/experiments/chaos.py --analyse bench/experiments/results/chaos-bench  # tables + figure from results
+    uv run python bench/experiments/chaos.py                      # 3 seeds x 3 levels, the short run
+    uv run python bench/experiments/chaos.py --jobs 9 --threads 1 # all 9 runs at once (16 cores)
+    uv run python bench/experiments/chaos.py --steps 24 --eval-episodes 2   # the default's length
+    uv run python bench/experiments/chaos.py --analyse bench/experiments/results/chaos-bench
 
 Each run trains the embedded default (tiny Qwen3-VL, its warm start, AReaL's PPOActor) against
 the simulator served over HTTP by ``cua_native.gym.server`` with a fault profile
 (``cua_native.gym.faults``), and against the in-process engine wrapped in seeded inference
 faults (``cua_native.engine.faults``). At level ``p`` every environment call meets one of
 five faults with probability ``p`` (``p/5`` each): a crash (the execution dies: 502, then 404),
-a hang (the request stalls past the client's timeout), a 429 with ``Retry-After``, a 503, a
-dropped connection; creates also hang ``--slow-create-s`` on ``p/5`` of them (slow resets).
+a hang (the request stalls past the client's timeout, then runs), a 429 with ``Retry-After``, a
+503, a connection dropped after the route ran (an action acted, its answer lost); creates also
+hang ``--slow-create-s`` on ``p/5`` of them (slow resets).
 Each model call stalls ``--engine-stall-s`` on ``p/2`` of calls and fails as an inference
 server restart on ``p/2``.
 
@@ -19,13 +21,21 @@ server restart on ``p/2``.
 no baseline evaluation, one final evaluation of all 128 evaluation episodes (8 tasks x 8 phones
 x 2). Every (seed, level) starts from the seed's same warm start (built once, cached).
 
+Faults are recovered at the call (``cua.agent.recovery``,
+``docs/contracts.md#recovery-at-the-call``): the gym client retries reads, idempotent actions
+and 429s; a crashed execution is restored by exact replay on a fresh one; a model call that
+failed before answering is sent again. Only what cannot be recovered rejects its episode.
+
 Checked and printed per run: final-evaluation success, and per level the paired difference
 against the fault-free run of the same seed (bootstrap over seed x task, 95 %); that no
-episode whose environment was damaged by a fault (the gym server's own fault log: a crash on
-any call, any fault of an action) was trained on; that the gym server holds no execution and
-no process of the run is left; the step table (rollout share, rejected episodes, dropped
-groups, retries) and the monitor's step metrics with the same figures. Results:
-``--out`` (JSON per run, ``summary.json``, ``chaos.png``). Exits non-zero when a check fails.
+trained episode ended on an execution a fault damaged (the gym server's own fault log: a crash;
+an action fault too when the server does not honour idempotency keys) and that every crashed
+execution of a trained episode is one it restored by replay; that the gym server holds no
+execution and no process of the run is left; the step table (rollout share, rejected
+episodes, dropped groups, retries, recovered calls, time lost waiting) and the monitor's step
+metrics with the same figures. ``--jobs N`` runs N (seed, level) runs at once, after each
+seed's warm start is built once. Results: ``--out`` (JSON per run, ``summary.json``,
+``chaos.png``). Exits non-zero when a check fails.
 """
 
 from __future__ import annotations
@@ -51,8 +61,10 @@ SEEDS = (1, 2, 3)
 FAULT_KINDS = ("crash", "stall", "throttle", "error", "drop")
 DAMAGING = {"crash"}
 """Faults that damage an execution on any route (it is gone)."""
-ACTION_DAMAGING = {"drop", "error", "stall"}
-"""Faults that damage an execution when they hit an action (never retried: it may have run)."""
+ACTION_DAMAGING = {"drop", "drop_after", "error", "stall"}
+"""Faults that damage an execution when they hit an action of a server that does not honour
+idempotency keys (the action is then never retried: it may have run). Ours does: a retried
+action runs once, so they damage nothing there (its capabilities say ``idempotent_actions``)."""
 GYM_TIMEOUTS = {"connect": 5.0, "read": 4.0, "act": 4.0, "evaluate": 4.0, "terminate": 4.0}
 FAULT_LINE = re.compile(r"fault=(\w+) route=(\w+) path=(\S+)")
 
@@ -68,7 +80,7 @@ def fault_profile(level: float, seed: int, stall_s: float, slow_create_s: float)
         "throttle_share": table,
         "retry_after_s": 1,
         "error_share": table,
-        "drop_share": table,
+        "drop_after_share": table,
         "create_hang": {"seconds": slow_create_s, "share": share},
     }
 
@@ -116,6 +128,8 @@ def run_one(args: argparse.Namespace) -> int:
     # the seed's warm start, built once in the seed's directory and reused by every level
     warm = load_config(None, [*common, f"cua.run_dir={run_dir.parent.parent / 'warm'}"])
     model_dir = prepare_model(warm, progress=False).path
+    if args.warm_only:
+        return 0
     options = json.dumps({"timeouts": GYM_TIMEOUTS}).replace('"', "")
     loaded = load_config(
         None,
@@ -152,6 +166,7 @@ def run_one(args: argparse.Namespace) -> int:
         "evals": {step: r.success_rate for step, r in after.items()},
         "engine_faults": dataclasses.asdict(wrapped[0].counts) if wrapped else {},
         "trained_executions": sorted(ledger.trained()),
+        "restored_executions": sorted(ledger.restored()),
         "rejected_executions": sorted(ledger.rejected),
         "monitor_db": str(run_dir / "monitor.db"),
     }
@@ -168,6 +183,8 @@ class Ledger:
     def __init__(self, infra_retries: int) -> None:
         self.infra_retries = infra_retries
         self.completed: dict[str, set[str]] = {}
+        self.lost: dict[str, set[str]] = {}
+        """Group → executions its completed episodes lost and restored by replay."""
         self.dropped: set[str] = set()
         self.rejected: set[str] = set()
 
@@ -187,11 +204,18 @@ class Ledger:
             if context.attempt >= self.infra_retries:
                 self.dropped.add(context.group_id)
             return
-        if context.execution_id:
+        if context.execution_id:  # the execution the episode ended on
             self.completed.setdefault(context.group_id, set()).add(context.execution_id)
+        self.lost.setdefault(context.group_id, set()).update(record.lost_executions)
 
     def trained(self) -> set[str]:
+        """Executions trained episodes ended on."""
         return {e for g, ids in self.completed.items() if g not in self.dropped for e in ids}
+
+    def restored(self) -> set[str]:
+        """Executions trained episodes lost and restored by replay (checked: the screen last
+        seen, shown again)."""
+        return {e for g, ids in self.lost.items() if g not in self.dropped for e in ids}
 
 
 # --------------------------------------------------------------------------- one job (parent)
@@ -201,8 +225,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 120.0) -> None:
-    """Bounded polling of the gym server's capabilities (a bench may poll)."""
+def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 120.0) -> dict[str, Any]:
+    """Bounded polling of the gym server's capabilities (a bench may poll); returns them."""
     import httpx
 
     deadline = time.monotonic() + limit_s
@@ -210,8 +234,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], limit_s: float = 120.0) 
         if proc.poll() is not None:
             raise RuntimeError(f"gym server exited with {proc.returncode}")
         try:
-            if httpx.get(f"{url}/api/v1/sim/capabilities", timeout=2.0).status_code == 200:
-                return
+            answer = httpx.get(f"{url}/api/v1/sim/capabilities", timeout=2.0)
+            if answer.status_code == 200:
+                caps: dict[str, Any] = answer.json()
+                return caps
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
@@ -233,14 +259,82 @@ def processes_tagged(tag: str) -> list[int]:
     return found
 
 
+def start_gym_server(
+    profile: dict[str, Any], env: dict[str, str], gym_log: Path, tries: int = 3
+) -> tuple[subprocess.Popen[bytes], str, dict[str, Any]]:
+    """The faulty gym server on a free port, ready; another port when it exits before it is
+    (a port another run took between the probe and the bind). Returns it, its URL and its
+    capabilities."""
+    for attempt in range(1, tries + 1):
+        port = free_port()
+        with gym_log.open("ab") as log:
+            server = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cua_native.gym.server",
+                    "--port",
+                    str(port),
+                    "--screenshot-size",
+                    "160x384",
+                    "--fault-profile",
+                    json.dumps(profile),
+                    "--idle-ttl-s",
+                    "0",
+                    "--log-level",
+                    "info",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            return server, url, wait_ready(url, server)
+        except RuntimeError:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def build_warm_start(args: argparse.Namespace, seed: int) -> None:
+    """The seed's warm start, built once before its levels run at once (they share it)."""
+    job_dir = Path(args.work) / f"seed{seed}" / "warm-build"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        "--warm-only",
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(job_dir / "run"),
+        "--steps",
+        str(args.steps),
+        "--eval-episodes",
+        str(args.eval_episodes),
+        "--threads",
+        threads,
+    ]
+    with (job_dir / "warm.log").open("wb") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"seed {seed}: the warm start failed (see {job_dir / 'warm.log'})")
+
+
 def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dict[str, Any]:
     import httpx
 
     name = f"seed{seed}-{level_name(level)}"
     job_dir = Path(args.work) / f"seed{seed}" / level_name(level)
     job_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     tag = f"{os.getpid()}-{name}"
     threads = str(args.threads)
     env = {
@@ -252,33 +346,12 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
     }
     profile = fault_profile(level, seed, args.stall_s, args.slow_create_s)
     gym_log = job_dir / "gym.log"
-    with gym_log.open("wb") as log:
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cua_native.gym.server",
-                "--port",
-                str(port),
-                "--screenshot-size",
-                "160x384",
-                "--fault-profile",
-                json.dumps(profile),
-                "--idle-ttl-s",
-                "0",
-                "--log-level",
-                "info",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    gym_log.write_bytes(b"")  # this run's faults only
+    server, url, capabilities = start_gym_server(profile, env, gym_log)
     started = time.monotonic()
     result_path = job_dir / "result.json"
     leaks: dict[str, Any] = {}
     try:
-        wait_ready(url, server)
         with (job_dir / "train.log").open("wb") as log:
             train = subprocess.run(
                 [
@@ -321,9 +394,38 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
             leaks["gym_server_rc"] = server.wait()
     leaks["processes_left"] = len(processes_tagged(tag))
     wall = time.monotonic() - started
+    keyed = capabilities.get("idempotent_actions") is True
+    faults, damaged, repeated = read_gym_log(gym_log.read_text(errors="replace"), keyed)
+    if train.returncode != 0 or not result_path.is_file():
+        return {"seed": seed, "level": level, "failed": train.returncode, "wall_s": wall}
+    result = json.loads(result_path.read_text())
+    trained = set(result.pop("trained_executions"))
+    restored = set(result.pop("restored_executions"))
+    result.update(
+        wall_s=wall,
+        gym_faults=dict(faults),
+        repeated_actions=repeated,
+        damaged_executions=len(damaged),
+        damaged_trained=sorted(damaged & trained),
+        damaged_restored=len(damaged & restored),
+        trained_executions=len(trained),
+        leaks=leaks,
+        monitor_steps=monitor_step_metrics(Path(result["monitor_db"])),
+    )
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def read_gym_log(text: str, keyed_actions: bool) -> tuple[Counter[str], set[str], int]:
+    """The gym server's log: faults by kind, the executions a fault damaged (a crash; a fault
+    of an action too unless the server honours idempotency keys), and the actions answered
+    from its store (a retried action that did not run twice)."""
     faults = Counter[str]()
     damaged: set[str] = set()
-    for line in gym_log.read_text(errors="replace").splitlines():
+    repeated = 0
+    for line in text.splitlines():
+        if "repeated action key=" in line:
+            repeated += 1
         match = FAULT_LINE.search(line)
         if match is None:
             continue
@@ -331,23 +433,10 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
         faults[kind] += 1
         parts = path.strip("/").split("/")
         if len(parts) >= 5 and parts[3] == "executions":
-            if kind in DAMAGING or (route == "actions" and kind in ACTION_DAMAGING):
+            action_damage = not keyed_actions and kind in ACTION_DAMAGING
+            if kind in DAMAGING or (route == "actions" and action_damage):
                 damaged.add(parts[4])
-    if train.returncode != 0 or not result_path.is_file():
-        return {"seed": seed, "level": level, "failed": train.returncode, "wall_s": wall}
-    result = json.loads(result_path.read_text())
-    trained = set(result.pop("trained_executions"))
-    result.update(
-        wall_s=wall,
-        gym_faults=dict(faults),
-        damaged_executions=len(damaged),
-        damaged_trained=sorted(damaged & trained),
-        trained_executions=len(trained),
-        leaks=leaks,
-        monitor_steps=monitor_step_metrics(Path(result["monitor_db"])),
-    )
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    return result
+    return faults, damaged, repeated
 
 
 def monitor_step_metrics(db: Path) -> list[dict[str, Any]]:
@@ -410,6 +499,12 @@ def analyse(out: Path) -> dict[str, Any]:
             "retries": sum(st["retries"] for st in steps),
             "retry_wait_s": sum(st["retry_wait_s"] for st in steps),
             "rejected_s": sum(st["rejected_s"] for st in steps),
+            "recovered_episodes": sum(st.get("recovered_episodes", 0) for st in steps),
+            "restored_executions": sum(st.get("restored", 0) for st in steps),
+            "engine_retries": sum(st.get("engine_retries", 0) for st in steps),
+            "recovery_s": sum(st.get("recovery_s", 0.0) for st in steps),
+            "repeated_actions": sum(r.get("repeated_actions", 0) for r in rows),
+            "damaged_restored": sum(r.get("damaged_restored", 0) for r in rows),
             "rollout_share": [st["rollout_share"] for st in steps],
             "step_success": sum(st["success_rate"] for st in steps) / len(steps),
             "step_turns": sum(st["turns_mean"] for st in steps) / len(steps),
@@ -440,9 +535,17 @@ def analyse(out: Path) -> dict[str, Any]:
         print(
             f"        gym faults {dict(faults)}; engine {dict(engine)}; "
             f"rejected episodes {entry['rejected_episodes']}, dropped groups "
-            f"{entry['dropped_groups']}, retries {entry['retries']} "
-            f"(waited {entry['retry_wait_s']:.0f} s), rejected episodes ran "
-            f"{entry['rejected_s']:.0f} s"
+            f"{entry['dropped_groups']}, rejected episodes ran {entry['rejected_s']:.0f} s"
+        )
+        print(
+            f"        recovered at the call: {entry['recovered_episodes']} episodes completed "
+            f"after recovering; gym retries {entry['retries']} (of them actions answered from "
+            f"the server's store: {entry['repeated_actions']}), executions restored by replay "
+            f"{entry['restored_executions']} (crashed ones in trained episodes: "
+            f"{entry['damaged_restored']}), model calls retried {entry['engine_retries']}; "
+            f"time lost waiting {entry['retry_wait_s'] + entry['recovery_s']:.0f} s (gym "
+            f"retries: failed attempts and the waits before them {entry['retry_wait_s']:.0f} s; "
+            f"restores and model backoff {entry['recovery_s']:.0f} s)"
         )
         print(
             f"        steps: success {entry['step_success']:.0%}, turns {entry['step_turns']:.2f}"
@@ -554,12 +657,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--slow-create-s", type=float, default=3.0)
     parser.add_argument("--engine-stall-s", type=float, default=1.0)
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run at once")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at once (9: every seed and level of the default)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     parser.add_argument("--out", default="bench/experiments/results/chaos-bench")
     parser.add_argument("--work", default="runs/chaos")
     parser.add_argument("--analyse", metavar="DIR", default=None)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--level", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
@@ -576,20 +682,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    def seed_runs(seed: int) -> None:
-        """The seed's levels one after another (the first builds its warm start)."""
-        for level in sorted(args.levels):
-            started = time.monotonic()
-            result = run_job(args, seed, level, out)
-            print(
-                f"seed {seed} level {level:.0%}: "
-                + ("FAILED" if "failed" in result else f"eval {result['evals']}")
-                + f" ({time.monotonic() - started:.0f} s)",
-                flush=True,
-            )
+    def one_run(job: tuple[int, float]) -> None:
+        seed, level = job
+        started = time.monotonic()
+        result = run_job(args, seed, level, out)
+        print(
+            f"seed {seed} level {level:.0%}: "
+            + ("FAILED" if "failed" in result else f"eval {result['evals']}")
+            + f" ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(seed_runs, args.seeds))
+        list(pool.map(lambda seed: build_warm_start(args, seed), args.seeds))
+        jobs = [(seed, level) for level in sorted(args.levels) for seed in args.seeds]
+        list(pool.map(one_run, jobs))
     return 0 if analyse(out)["ok"] else 1
 
 

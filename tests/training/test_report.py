@@ -105,3 +105,30 @@ def test_the_last_step_is_always_evaluated() -> None:
     assert [s for s in range(10) if _eval_due(4, s, 10)] == [3, 7, 9]
     assert [s for s in range(8) if _eval_due(4, s, 8)] == [3, 7]
     assert not any(_eval_due(0, s, 8) for s in range(8))
+
+
+def test_the_step_table_shows_faults_retries_recovered_calls_and_time_lost() -> None:
+    from cua_native.training.embedded.trainer import step_table_header
+
+    summary = StepSummary(
+        step=2,
+        episodes=16,
+        rejected_groups=1,
+        success_rate=0.5,
+        reward_mean=0.5,
+        reward_std=0.2,
+        turns_mean=3.0,
+        samples=40,
+        seconds=100.0,
+        rollout_seconds=60.0,
+        rejected_episodes=3,
+        retries=7,
+        retry_wait_s=4.0,
+        restored=2,
+        engine_retries=1,
+        recovery_s=8.0,
+    )
+    header, row = step_table_header().split(), summary.table_row().split()
+    assert header[-6:] == ["roll", "rej", "drop", "retry", "rcv", "wait"]
+    assert row[-6:] == ["60%", "3", "1", "7", "3", "12"]
+    assert summary.recovered_calls == 3 and summary.wait_s == pytest.approx(12.0)

@@ -216,6 +216,12 @@ class SimGym:
     can_fork = True
     """Its executions copy their state (``SimExecution.fork``); the gym server advertises it."""
 
+    async def replays_exactly(self) -> bool:
+        """Yes (``ReplayableGym``): an execution's phone follows from its task and seed alone,
+        and an action's effect from the phone's state; nothing reads a clock or a random
+        stream after the start."""
+        return True
+
     def __init__(
         self,
         seed: int = 0,
