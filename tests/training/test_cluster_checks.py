@@ -118,3 +118,36 @@ def test_packing_only_under_varlen_attention() -> None:
     assert packs_sequences("flash_attention_3")
     assert not packs_sequences("sdpa")
     assert not packs_sequences("eager")
+
+
+@pytest.mark.parametrize(
+    ("flash_attn", "user_keys", "capped"),
+    [
+        (False, frozenset(), True),
+        (True, frozenset(), False),
+        (False, frozenset({"actor.mb_spec.max_tokens_per_mb"}), False),
+    ],
+)
+def test_gpu_rehearsal_without_flash_attn_caps_packed_micro_batches(
+    tmp_path: Path, flash_attn: bool, user_keys: frozenset[str], capped: bool
+) -> None:
+    from cua_native.training.cluster.rehearsal import GPU_MAX_TOKENS_PER_MB, plan_rehearsal
+
+    plan = plan_rehearsal(
+        load_config(CONFIGS / "qwen3_vl_android.yaml"),
+        steps=2,
+        run_dir=tmp_path,
+        model=tmp_path / "model",
+        device="cuda",
+        gym_url="http://127.0.0.1:1",
+        processor_budget=2621440,
+        gpus=1,
+        flash_attn=flash_attn,
+        user_keys=user_keys,
+    )
+    cap = f"actor.mb_spec.max_tokens_per_mb={GPU_MAX_TOKENS_PER_MB}"
+    assert (cap in plan.overrides) is capped
+    assert ("actor.attn_impl=sdpa" in plan.overrides) is not flash_attn
+    if capped:  # the override is one AReaL's config accepts
+        loaded = load_config(CONFIGS / "qwen3_vl_android.yaml", [cap])
+        assert loaded.areal.actor.mb_spec.max_tokens_per_mb == GPU_MAX_TOKENS_PER_MB

@@ -13,8 +13,9 @@ left at AReaL's default (``docs/contracts.md#the-cluster-path``):
 - ``max_head_offpolicyness > 0`` without ``actor.use_decoupled_loss``: stale samples are
   trained as if on-policy;
 - packed micro-batches with an attention implementation that does not separate packed
-  sequences (only flash attention's varlen path does): handled by the CUA actor, which then
-  puts one sequence in each micro-batch (``packs_sequences``);
+  sequences (only flash attention's varlen path does): handled by the CUA actor, which packs
+  under ``sdpa`` with its own per-sequence attention (``training.packing.PACKED_SDPA``) and
+  puts one sequence in each micro-batch under any other (``packs_sequences``);
 - ``cua.agent.prompt.max_pixels`` unset or above the model processor's budget: the server
   resizes the image again and the prompt ids drift from the trainer's;
 - the inference server's own settings (``cua_native.training.cluster.server_checks``).

@@ -23,7 +23,8 @@ cluster is this one host.
 
 What it may change, and prints: the allocation (one local process each), the model, the gym,
 the sizes (tasks per step, group, turns, tokens), on CPU flash attention becomes ``sdpa`` (then
-one sequence per micro-batch), and on one GPU an ``xccl`` weight update becomes ``disk`` (the
+the actor packs rows with ``training.packing.PACKED_SDPA``; on a GPU with micro-batches of at
+most ``GPU_MAX_TOKENS_PER_MB`` tokens unless the config sets a cap), and on one GPU an ``xccl`` weight update becomes ``disk`` (the
 server and the actor share the device; NCCL needs two).
 What it keeps: the backend, the family/dialect and prompts, the pixel-budget rules (``max_pixels``
 is clamped into the stand-in model's budget and checked like any other), the workflow and its
@@ -60,6 +61,9 @@ this interpreter, as on a cluster with one image. Ray reads it when it is import
 SIM_SCREENSHOT = "216x480"
 """The simulated phone's screenshots (1080x2400 scaled by 1/5): ~100 image tokens each."""
 READY_TIMEOUT_S = 600.0
+GPU_MAX_TOKENS_PER_MB = 9000
+"""Token cap of a packed micro-batch in a GPU rehearsal without flash-attn: one episode of the
+rehearsal's rows at the real pixel budget (two turns, ~8.8k tokens), ~1.6x its longest row."""
 
 
 @dataclass
@@ -196,7 +200,7 @@ def plan_rehearsal(
             r.set(
                 "actor.attn_impl",
                 "sdpa",
-                "flash attention needs a GPU; one sequence per micro-batch",
+                "flash attention needs a GPU; rows packed under sdpa (PACKED_SDPA)",
             )
         r.set("actor.dtype", "float32", "CPU")
     else:
@@ -210,8 +214,14 @@ def plan_rehearsal(
             r.set(
                 "actor.attn_impl",
                 "sdpa",
-                "flash-attn is not installed; one sequence per micro-batch",
+                "flash-attn is not installed; rows packed under sdpa (PACKED_SDPA)",
             )
+            if areal.actor.mb_spec.max_tokens_per_mb is None:
+                r.set(
+                    "actor.mb_spec.max_tokens_per_mb",
+                    GPU_MAX_TOKENS_PER_MB,
+                    "packed micro-batches bounded: the actor shares the GPU with the server",
+                )
     scaled: str | None
     value: object
     for scaled, value in (

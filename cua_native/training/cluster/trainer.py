@@ -12,7 +12,8 @@ calls once per step and changes nothing else of the loop:
 - **scheduler**: AReaL's own, with the changes of ``local_scheduler``, ``ray_scheduler`` and
   ``slurm_scheduler`` (patience on loaded machines; ports; environment values kept whole; the
   specs' container settings);
-- **actor**: ``CUAFSDPPPOActor`` (one sequence per micro-batch unless attention is varlen);
+- **actor**: ``CUAFSDPPPOActor`` (rows packed under ``sdpa`` too, each screenshot of a
+  micro-batch through the vision tower once);
 - **workers**: whatever the scheduler started is stopped when ``__init__`` fails half-way (a
   setting AReaL rejects after the actor is up) and after ``close`` (even if part of it failed);
 - **monitor** (a ``TrainingMonitor``): the training row around ``train``, the baseline before
