@@ -141,14 +141,15 @@ class DesktopExecution:
         return StepResult(ok=True)
 
     async def evaluate(self, answer: str | None = None) -> Evaluation:
-        """Judged from the desktop's state only; ``answer`` is ignored."""
+        """Judged from the desktop's state only; ``answer`` counts only as the agent declaring
+        the task infeasible (``FAIL_ANSWER``: OSWorld's ``infeasible`` contract, ``evaluators``)."""
         self._check_open()
         evaluator = (self._task.model_extra or {}).get("evaluator")
         if not isinstance(evaluator, dict):
             raise GymError(f"task {self._task.task_id} has no OSWorld 'evaluator'")
         postconfig = evaluator.get("postconfig", [])
         await run_steps(self._task, postconfig, self.client, self._gym.window_timeout_s)
-        return await evaluate(evaluator, self.client)
+        return await evaluate(evaluator, self.client, answer)
 
     async def close(self) -> None:
         if self._closing is None:

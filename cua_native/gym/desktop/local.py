@@ -109,6 +109,7 @@ def _make_state(config: LocalDesktopConfig) -> Path:
     config.state_root.mkdir(parents=True, exist_ok=True)
     state = config.state_root / f"{pid}-{started}-{uuid.uuid4().hex[:8]}"
     state.mkdir(mode=0o700)
+    reaper.write_manifest(state, owner_pid=pid, owner_start=started, path=str(state))
     home = state / "home"
     for sub in ("tmp", "run", "home/.config/openbox", "home/.config/libreoffice/4/user"):
         (state / sub).mkdir(parents=True, mode=0o700)
@@ -247,6 +248,7 @@ class LocalDesktop:
             raise DesktopStartError(f"Xvfb gave no display number: {self._log_tail('xvfb')}")
         self.display = int(line)
         (self.state / "display").write_text(str(self.display))
+        reaper.write_manifest(self.state, display=self.display, xvfb_pid=self._xvfb.pid)
         _xauthority(xauth, self.display, cookie)
         await self._spawn(list(self.config.window_manager), "wm")
         port_file, sock = self.state / "server.port", self.state / "server.sock"
