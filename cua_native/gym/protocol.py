@@ -62,6 +62,9 @@ class Screenshot:
     png: bytes | None = None
     url: str | None = None
     image: PILImage | None = None
+    accessibility_tree: str | None = None
+    """The same screen as its accessibility tree (OSWorld's ``/accessibility`` XML), when the
+    gym was asked for it (a desktop gym's ``accessibility_tree`` option); not an image."""
 
     def __post_init__(self) -> None:
         given = sum(v is not None for v in (self.png, self.url, self.image))

@@ -59,6 +59,8 @@ class PreparedImage:
     original_size: tuple[int, int]
     model_size: tuple[int, int]
     source_url: str | None = None
+    accessibility_tree: str | None = None
+    """The screen's accessibility tree when the observation carried one (``Screenshot``)."""
     _cache: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -198,6 +200,7 @@ def prepare_image(
     timings: dict[str, float] | None = None,
     *,
     encode: bool = False,
+    accessibility_tree: str | None = None,
 ) -> PreparedImage:
     """Decode (bytes) or take (PIL) a screenshot and make the model's image. Blocking.
 
@@ -216,7 +219,11 @@ def prepare_image(
         resized = image.copy()
     resized_at = perf_counter()
     prepared = PreparedImage(
-        image=resized, original_size=original, model_size=resized.size, source_url=source_url
+        image=resized,
+        original_size=original,
+        model_size=resized.size,
+        source_url=source_url,
+        accessibility_tree=accessibility_tree,
     )
     if encode:
         prepared.png_base64  # noqa: B018 (fills the cache)

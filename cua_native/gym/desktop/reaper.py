@@ -8,7 +8,7 @@ directory: owner pid and start time, Xvfb's pid and display) and an entry in the
 registry (``registry_dir()``, one per user: a symlink named by the desktop to its directory),
 so a desktop is found from any state root. ``remove_desktop`` kills its processes, removes the X
 display's lock and socket if the killed Xvfb left them (the display from the manifest, or from
-the locks its processes hold), deletes the directory and the registry entry. ``reap_stale``
+the socket its Xvfb listens on), deletes the directory and the registry entry. ``reap_stale``
 does that for every desktop whose owner process is gone (a trainer killed with ``kill -9``):
 those under the state root, those in the registry (under any root), and marked processes whose
 directory is gone too (their marker names the owner), so the next start cleans what an earlier
@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -110,15 +111,26 @@ def marked_pids(desktop_id: str) -> list[int]:
     return [pid for pid, marked in marked_processes().items() if marked == desktop_id]
 
 
-def displays_held_by(pids: list[int]) -> list[int]:
-    """The X displays whose lock file names one of ``pids`` (an Xvfb of the desktop)."""
-    held = []
-    for lock in Path("/tmp").glob(".X*-lock"):
-        number = lock.name[2 : -len("-lock")]
-        with contextlib.suppress(OSError, ValueError):
-            if number.isdigit() and int(lock.read_text().strip()) in pids:
-                held.append(int(number))
-    return held
+def displays_served_by(pids: list[int]) -> list[int]:
+    """The X displays whose socket (``/tmp/.X11-unix/X<n>``) one of ``pids`` listens on: the
+    desktop's Xvfb (read from ``/proc``: its socket inodes against ``/proc/net/unix``)."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith("socket:["):
+                        inodes.add(target[len("socket:[") : -1])
+    displays = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes:
+                match = re.fullmatch(r"@?/tmp/\.X11-unix/X(\d+)", fields[7])
+                if match:
+                    displays.add(int(match.group(1)))
+    return sorted(displays)
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:
@@ -184,7 +196,7 @@ def remove_desktop(state_dir: Path, *, xvfb_pid: int | None = None) -> None:
 
 def _remove(desktop_id: str, state_dir: Path | None, xvfb_pid: int | None = None) -> None:
     """``remove_desktop``; without ``state_dir`` (gone already) its processes and display."""
-    displays = set(displays_held_by(marked_pids(desktop_id)))
+    displays = set(displays_served_by(marked_pids(desktop_id)))
     if state_dir is not None:
         with contextlib.suppress(OSError, ValueError):
             displays.add(int((state_dir / "display").read_text().strip()))

@@ -4,13 +4,15 @@ simulator's solution paths.
 
 The solver hands out a task's demonstrated actions one per call; a ``WaitForWindow`` step is
 waited for inside the call (the dialog is on screen before the next action is demonstrated,
-as it is when the demonstrator runs alone); the end of the list is ``None`` (the warm start
-then demonstrates ``terminate(success)``); an ``answer``/``terminate`` step (the infeasible
+as it is when the demonstrator runs alone); the end of the list is ``None`` once the
+desktop's state shows the task done (the warm start then demonstrates ``terminate(success)``); an ``answer``/``terminate`` step (the infeasible
 tasks' ``terminate(failure)``) is the path's last turn, judged by ``evaluate``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 from typing import Any
 
@@ -20,6 +22,8 @@ from cua_native.gym.desktop.gym import DesktopExecution, DesktopGym
 from cua_native.gym.desktop.tasks import wait_for_window
 from cua_native.gym.protocol import Execution, Gym, Task
 from cua_native.training.warmstart.demos import DemoError, DemoSource, Solver
+
+SETTLE_POLL_S = 0.2
 
 
 class DesktopSolver:
@@ -50,7 +54,19 @@ class DesktopSolver:
                 self._played.pop(execution.execution_id, None)
             return step, None
         self._played.pop(execution.execution_id, None)
+        await self._settled(execution)
         return None
+
+    async def _settled(self, execution: DesktopExecution) -> None:
+        """Until the desktop's state shows the task done (bounded): apps save asynchronously
+        (LibreOffice writes the .ods after ctrl+s returns), and the path's evaluation follows
+        at once. Past the limit the evaluation decides (the path is then left out)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._window_timeout_s):
+                while True:
+                    if (await execution.evaluate()).success:
+                        return
+                    await asyncio.sleep(SETTLE_POLL_S)
 
 
 def desktop_source(

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,14 @@ from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig, defau
 from cua_native.gym.http import HttpGym
 from cua_native.gym.protocol import GymError, Task
 from cua_native.gym.server import create_app
+from cua_native.prompts.a11y import linearize
 from cua_native.rollout.episode import InfraFailure, _guarded
 from cua_native.rollout.records import EndReason
 
 WIDTH, HEIGHT = 1024, 768
 LIMIT_S = 120.0
 HERE = Path(__file__).parent
+ATSPI_STATE = "https://accessibility.ubuntu.example.org/ns/state"
 
 needs_desktop = pytest.mark.skipif(
     shutil.which("Xvfb") is None
@@ -135,7 +138,7 @@ async def test_osworld_own_client_against_the_server(short_tmp: Path) -> None:
     assert seen["screenshot_size"] == [WIDTH, HEIGHT]
     assert seen["screen_size"] == {"width": WIDTH, "height": HEIGHT}
     assert seen["platform"] == "Linux"
-    assert seen["tree_has_xterm"]
+    assert seen["tree_root"] == "desktop-frame"  # the AT-SPI tree (xterm itself has none)
     assert seen["file"] == "osworld client\n"
     assert "osworld.txt" in seen["listed"]
 
@@ -282,7 +285,7 @@ async def _killed_owner(root: Path, env: dict[str, str]) -> tuple[str, int]:
         owner.kill()  # SIGKILL: the owner gets no chance to clean up
         await owner.wait()
     assert len(reaper.marked_pids(desktop_id)) >= 4  # Xvfb, openbox, the server, xterm
-    assert reaper.displays_held_by(reaper.marked_pids(desktop_id)) == [int(display)]
+    assert reaper.displays_served_by(reaper.marked_pids(desktop_id)) == [int(display)]
     return desktop_id, int(display)
 
 
@@ -292,7 +295,7 @@ async def test_a_start_reaps_a_killed_owners_desktop_from_anywhere(
 ) -> None:
     """A desktop of a ``kill -9``-ed owner under another state root (found through the
     registry's manifest), or whose directory and registry entry were deleted too (found by its
-    processes' marker, its display by the lock its Xvfb holds): the next start anywhere removes
+    processes' marker, its display by the socket its Xvfb listens on): the next start anywhere removes
     its processes (the app too), display lock and socket, and home."""
     registry = short_tmp / "registry"
     monkeypatch.setenv(reaper.REGISTRY_ENV, str(registry))
@@ -433,3 +436,40 @@ async def test_the_gym_server_serves_desktops_over_http(short_tmp: Path, serve: 
             await client.aclose()
             await desktops.aclose()
     assert_nothing_left(root, [], [])
+
+
+def _text_areas(tree: str) -> list[ET.Element]:
+    """The mousepad application's editable text widgets in an ``/accessibility`` tree."""
+    root = ET.fromstring(tree)
+    [app] = [a for a in root if a.get("name") == "mousepad"]
+    return [e for e in app.iter("text") if e.get(f"{{{ATSPI_STATE}}}editable") == "true"]
+
+
+async def test_the_accessibility_tree_shows_the_apps_widgets_and_follows_an_action(
+    short_tmp: Path,
+) -> None:
+    """With ``accessibility_tree=True`` every observation carries the desktop's real AT-SPI
+    tree (mousepad's GTK widgets through the desktop's own accessibility bus): its text area
+    is there, empty, and holds the typed text after the action, as the saved file does."""
+    gym = DesktopGym(
+        width=WIDTH, height=HEIGHT, state_root=str(short_tmp / "d"), accessibility_tree=True
+    )
+    execution = await gym.start(await gym.get_task("editor_save_note"))
+    try:
+        before = (await execution.observe()).screenshot.accessibility_tree
+        assert before is not None
+        [area] = _text_areas(before)
+        assert not (area.text or "").strip()
+        assert "Mousepad" in linearize(before, 100_000)
+        assert (await execution.act(TypeText(text="Dear team"))).ok
+        async with asyncio.timeout(LIMIT_S):  # the widget's text, as the app shows it
+            while True:
+                after = (await execution.observe()).screenshot.accessibility_tree
+                assert after is not None
+                if [a.text for a in _text_areas(after)] == ["Dear team"]:
+                    break
+                await asyncio.sleep(0.2)
+        assert "\tDear team\t" in linearize(after, 100_000)
+    finally:
+        await execution.close()
+        await gym.aclose()
