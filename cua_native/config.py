@@ -88,7 +88,7 @@ class WarmStart(BaseModel):
     Tap Wi-Fi."): the model learns to copy the goal, then to act on what it just wrote, so its
     first choice follows the instruction ("Open Notes" opens Notes). Outputs grow by the
     instruction's length: raise ``max_new_tokens`` to match
-    (docs/design-notes.md#goal-in-the-thought)."""
+    (bench/experiments/results/goal-in-the-thought/README.md#goal-in-the-thought)."""
     early_stop_share: float = Field(0.0, ge=0.0, le=1.0)
     """Share of solution paths that also carry an imperfect demonstrator's turn: at one step
     drawn uniformly from the path's steps before its last (and after ``early_stop_after`` of
@@ -96,12 +96,12 @@ class WarmStart(BaseModel):
     done (``terminate(success)``) where the path goes on. The warm-started policy then stops
     early there about as often as it goes on (the premature "done" of real agents), which the
     gym's evaluation scores as a failure and RL must unlearn. 0: clean paths only. Drawn per
-    (seed, phone, task) from ``seed`` (docs/design-notes.md#imperfect-demonstrator)."""
+    (seed, phone, task) from ``seed`` (bench/experiments/results/imperfect-demonstrator/README.md#imperfect-demonstrator)."""
     early_stop_after: int = Field(0, ge=0)
     """An early stop comes after at least this many of the path's actions. 0: any step before
     the last, the first screen included, where one-action paths ("Open Notes": open, then
     done) put all of theirs; 1: only after some progress, so that no demonstration stops on
-    the screen every episode starts from (docs/design-notes.md#early-stop-after-progress)."""
+    the screen every episode starts from (bench/experiments/results/early-stop-after-progress/README.md#early-stop-after-progress)."""
     gym_seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     """Simulator seeds the demonstrations are played under (each seed varies the phone's data,
     so the model sees the same task on several screens). The tasks are ``cua.tasks``'s."""
@@ -337,7 +337,7 @@ BASE_LAYER: dict[str, Any] = {
         "backend": "sglang:d1",
         "max_concurrent_rollouts": 8,
         # groups per step, and the names under which running servers and disk weight updates are
-        # found (docs/design-notes.md#cluster-batch-size, #cluster-experiment-names)
+        # found (docs/contracts.md#cluster-batch-size, #cluster-experiment-names)
         "consumer_batch_size": "${train_dataset.batch_size}",
         "experiment_name": "${experiment_name}",
         "trial_name": "${trial_name}",

@@ -33,7 +33,7 @@ def sdpa_without_cudnn(device: torch.device) -> contextlib.AbstractContextManage
     """On CUDA, keep attention off cuDNN while decoding with a growing KV cache.
 
     cuDNN builds a new execution plan for every new key length, i.e. at every decode step:
-    measured on an H200 in bf16, 40 ms instead of 16 ms per step (``bench/gpu_check.py``
+    measured on an H200 in bf16, 40 ms instead of 16 ms per step (``bench/gpu/gpu_check.py``
     ``--no-cudnn-sdp``). Flash/efficient attention have no per-shape plans. CPU is unaffected.
     """
     if device.type != "cuda":

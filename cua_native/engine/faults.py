@@ -1,5 +1,5 @@
 """Seeded inference faults for an in-process engine: stalls and restarts, as a remote inference
-server shows them (the chaos bench, ``bench/chaos.py``).
+server shows them (the chaos bench, ``bench/experiments/chaos.py``).
 
 ``FaultyEngine`` wraps any engine with AReaL's ``agenerate``: a stalled call answers
 ``stall_s`` late (time lost, the answer intact); a restarted call fails with

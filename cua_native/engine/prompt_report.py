@@ -1,5 +1,5 @@
 """What a remote inference server said about the prompt of a turn
-(docs/design-notes.md#server-prompt-check).
+(docs/contracts.md#server-prompt-check).
 
 AReaL's remote engines answer ``input_tokens = req.input_ids``: the ids the client sent, never
 what the server built. The servers do say what they built: SGLang's ``meta_info.prompt_tokens``

@@ -1,5 +1,5 @@
-"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (docs/design-notes.md:
-#vllm-chat-abort, #server-prompt-check).
+"""AReaL 1.0.4's remote engine clients, made fit for CUA turns (docs/contracts.md#vllm-chat-abort,
+docs/contracts.md#server-prompt-check).
 
 ``prepare_remote_engine(engine)`` swaps the backend of an AReaL ``RemoteInfEngine`` (what a
 workflow's ``arun_episode`` receives in a rollout worker; ``RemoteSGLangEngine`` and

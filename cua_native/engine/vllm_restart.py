@@ -1,6 +1,6 @@
 """Restart, never concatenate, a vLLM vision turn that a weight update aborted.
 
-Why: docs/design-notes.md#vllm-chat-abort.
+Why: docs/contracts.md#vllm-chat-abort.
 
 What AReaL 1.0.4 does (``RemoteInfEngine.agenerate`` with ``VLLMBackend``): a request whose
 ``vision_msg_vllm`` is set goes to ``/v1/chat/completions`` with the original messages. When a

@@ -1,7 +1,8 @@
 """Seeded fault injection for the gym server: latency, 5xx answers, dropped connections, a
 hanging create (the orphan scenario), and the chaos bench's environment faults: 429 with
-``Retry-After`` (throttling), stalls (a request that hangs before it runs) and crashes (the
-execution dies: closed on the server, the request answered 502, later requests 404).
+``Retry-After`` (throttling), stalls (a request that hangs before it runs), crashes (the
+execution dies: closed on the server, the request answered 502, later requests 404) and
+answers lost after the handler ran (``drop_after``: the action acted, the client never hears).
 
 Every decision comes from per-route ``random.Random`` streams seeded with ``(seed, route)``, so the
 n-th request to a route always gets the same fate, whatever the interleaving of other routes (the
@@ -81,6 +82,9 @@ class FaultProfile(BaseModel):
     """Share of requests that hang ``stall_s`` before the handler runs (past a client's timeout,
     the client sees no answer; the handler still runs after the stall)."""
     stall_s: float = Field(0.0, ge=0.0)
+    drop_after_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
+    """Share of requests whose handler runs (an action acts, a create creates) and whose
+    answer is then lost: the connection closes mid-answer."""
     crash_share: dict[Route | Literal["*"], Share] = Field(default_factory=dict)
     """Share of requests to an execution (observation, actions, evaluate) whose execution
     crashes: the server closes it and answers 502; later requests to it get 404."""
@@ -154,6 +158,7 @@ class FaultDecision:
     throttle: bool = False
     stall_s: float = 0.0
     crash: bool = False
+    drop_after: bool = False
 
     @property
     def kind(self) -> str | None:
@@ -163,6 +168,7 @@ class FaultDecision:
             ("drop", self.drop),
             ("error", self.error),
             ("throttle", self.throttle),
+            ("drop_after", self.drop_after),
         ):
             if hit:
                 return kind
@@ -180,6 +186,7 @@ class FaultInjector:
         self.profile = profile
         self._rngs = {route: random.Random(f"{profile.seed}:{route}") for route in ROUTES}
         self._chaos = {route: random.Random(f"{profile.seed}:{route}:chaos") for route in ROUTES}
+        self._after = {route: random.Random(f"{profile.seed}:{route}:after") for route in ROUTES}
         self._hang_rng = random.Random(f"{profile.seed}:create_hang")
         self._creates = 0
 
@@ -199,6 +206,7 @@ class FaultInjector:
             throttle=throttle < p.share_of(p.throttle_share, route),
             stall_s=p.stall_s if stall < p.share_of(p.stall_share, route) else 0.0,
             crash=route in EXECUTION_ROUTES and crash < p.share_of(p.crash_share, route),
+            drop_after=self._after[route].random() < p.share_of(p.drop_after_share, route),
         )
 
     def create_hang_s(self) -> float:

@@ -2,8 +2,10 @@
 
 One ``httpx.AsyncClient`` pool per ``HttpGym``; every call has its own timeout (create longest).
 Retries only where safe: reads, evaluate and terminate are retried on transport errors, timeouts
-and 5xx; an action POST never is (it could run twice). A request that never reached the server
-(connect error, pool timeout) is retried on any route.
+and 5xx; an action POST only where the server honours idempotency keys (``idempotent_actions``:
+a repeated key returns the stored result, the action runs once), else never (it could run
+twice). A request that never reached the server (connect error, pool timeout) is retried on any
+route.
 
 Creating an execution is the delicate part: a create that timed out may still have created one.
 ``idempotent_create="auto"`` (the default) asks the server's capabilities route once, before the
@@ -27,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +139,8 @@ class CallStats:
     retries: int = 0
     throttled: int = 0
     wait_s: float = 0.0
+    failed_s: float = 0.0
+    """Seconds the retried attempts took before they failed (a timeout's whole limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,20 +233,27 @@ class HttpGym:
         return task
 
     async def _request(
-        self, method: str, path: str, call: _Call, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        call: _Call,
+        body: dict[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         if self._closed:
             raise GymUnavailable(f"{call.route}: HttpGym for {self.gym_id!r} is closed")
         timeout = httpx.Timeout(call.timeout, connect=self.timeouts.connect)
         attempts = max(1, self.retries.attempts)
         attempt = throttles = 0
+        sent_headers = {**self._headers, **headers} if headers else self._headers
         while True:
             attempt += 1
             error: GymError
             wait: float | None = None
+            began = time.monotonic()
             try:
                 response = await self._client.request(
-                    method, self._url(path), json=body, timeout=timeout, headers=self._headers
+                    method, self._url(path), json=body, timeout=timeout, headers=sent_headers
                 )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 error, retry = GymUnavailable(f"{call.route}: cannot reach gym: {exc!r}"), True
@@ -265,6 +277,7 @@ class HttpGym:
                     attempt -= 1  # a refused call is not one of the route's attempts
             if not retry or attempt >= attempts:
                 raise error
+            self.call_stats.failed_s += time.monotonic() - began
             wait = self.retries.delay(attempt) if wait is None else wait
             log.info(
                 "%s failed (attempt %d/%d), retrying in %.1f s: %s",
@@ -319,6 +332,16 @@ class HttpGym:
                     data = {}
                 self._capabilities = data if isinstance(data, dict) else {}
             return self._capabilities
+
+    async def replays_exactly(self) -> bool:
+        """Whether the server says its gym replays exactly (``ReplayableGym``; capabilities'
+        ``replays_exactly``): ``False`` for a server that does not say so (genv)."""
+        return (await self.capabilities()).get("replays_exactly") is True
+
+    async def idempotent_actions(self) -> bool:
+        """Whether the server honours an ``Idempotency-Key`` on actions (capabilities'
+        ``idempotent_actions``): then an action is retried like a read (``HttpExecution.act``)."""
+        return (await self.capabilities()).get("idempotent_actions") is True
 
     async def _idempotent(self) -> bool:
         if self.idempotent_create == "auto":
@@ -430,6 +453,8 @@ class HttpExecution:
     device: dict[str, Any] = field(default_factory=dict)
     created: dict[str, Any] = field(default_factory=dict)
     _closing: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _acts: int = field(default=0, init=False, repr=False)
+    """Actions sent so far: the next action's idempotency key is ``{execution_id}:{_acts}``."""
     terminated: bool | None = field(default=None, init=False)
     """After ``close``: whether the gym confirmed the terminate."""
 
@@ -455,21 +480,32 @@ class HttpExecution:
         )
 
     async def act(self, action: Action) -> StepResult:
-        """Never retried once sent (a 429 is: nothing ran). A 4xx other than 404 and 429 means
-        the gym refused the action: that is an ``ok=False`` result for the agent, and the
-        execution stays usable. A 429 still refused after the client's tries is the gym's
-        failure, never the agent's: it raises (the episode is rejected, not trained on)."""
+        """Against a server that honours idempotency keys (``idempotent_actions``) the action
+        carries ``Idempotency-Key: {execution_id}:{n}`` (its n-th action) and is retried like
+        a read (timeouts, dropped connections, 5xx): the server answers a repeated key with
+        the stored result and does not act twice. Against any other server it is never
+        retried once sent (a 429 is: nothing ran). A 4xx other than 404, 429 (and, with a
+        key, 409: the key was used for another action) means the gym refused the action: an
+        ``ok=False`` result for the agent, and the execution stays usable. A 429 still refused
+        after the client's tries is the gym's failure, never the agent's: it raises (the
+        episode is rejected, not trained on)."""
         self._check_open("actions")
-        call = _Call("actions", self.gym.timeouts.act, False, ExecutionNotFound)
+        keyed = await self.gym.idempotent_actions()
+        headers = None
+        if keyed:
+            headers = {"Idempotency-Key": f"{self.execution_id}:{self._acts}"}
+            self._acts += 1
+        call = _Call("actions", self.gym.timeouts.act, keyed, ExecutionNotFound)
         body = {"action": action_to_json(action)}
         try:
             response = await self.gym._request(
-                "POST", self._path(self.gym.routes.actions), call, body
+                "POST", self._path(self.gym.routes.actions), call, body, headers
             )
         except ExecutionNotFound:
             raise
         except GymHTTPError as exc:
-            if 400 <= exc.status < 500 and exc.status != 429:
+            infrastructure = exc.status == 429 or (keyed and exc.status == 409)
+            if 400 <= exc.status < 500 and not infrastructure:
                 return StepResult(ok=False, error=f"gym refused the action: {exc.detail}")
             raise
         return await asyncio.to_thread(

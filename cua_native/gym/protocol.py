@@ -177,6 +177,25 @@ async def fork_execution(execution: Execution) -> Execution:
 
 
 @runtime_checkable
+class ReplayableGym(Protocol):
+    """A ``Gym`` whose executions are deterministic: a fresh execution of a task (same task,
+    same options), given the same actions in the same order, shows exactly the same
+    observations. That is what lets a lost execution be restored by replaying its actions
+    (``gym/recovery.py``). Optional, and explicit: a gym without the method, or whose method
+    answers ``False``, is never replayed (``gym_replays_exactly``)."""
+
+    async def replays_exactly(self) -> bool: ...
+
+
+async def gym_replays_exactly(gym: object) -> bool:
+    """Whether ``gym`` declares exact replay (``ReplayableGym``); ``False`` for any gym that
+    does not say so."""
+    if not isinstance(gym, ReplayableGym):
+        return False
+    return await gym.replays_exactly() is True
+
+
+@runtime_checkable
 class Gym(Protocol):
     @property
     def gym_id(self) -> str:

@@ -14,6 +14,11 @@ supports beyond genv (idempotent creates, the execution listing) and its limits;
 (the gym's executions must implement ``ForkableExecution``; 501 where they cannot, and the
 capabilities' ``fork`` says which).
 
+Idempotent actions (beyond genv's protocol): an action sent with ``Idempotency-Key: K`` runs
+once per execution; the same key again gets the stored answer (the same action) or 409 (another
+action), so a client may retry an action whose answer it lost. Capabilities say
+``idempotent_actions`` and ``replays_exactly`` (the gym's ``ReplayableGym`` answer).
+
 Orphan-free creation (beyond genv's protocol, ignored by genv): a create may carry
 ``options.client_request_id`` and ``options.client_deadline_s``.
 - A create with a request id already seen returns the SAME execution (waiting for it when its
@@ -50,7 +55,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cua_native.actions.models import action_from_json
 from cua_native.gym.faults import FaultInjector, FaultProfile, FaultProfileError, Route
@@ -62,6 +67,7 @@ from cua_native.gym.protocol import (
     GymError,
     Task,
     fork_execution,
+    gym_replays_exactly,
 )
 from cua_native.gym.server_guards import (
     DEFAULT_IDLE_TTL_S,
@@ -98,6 +104,11 @@ class _Live:
     """Clock time of the last call that touched it (the idle reaper's measure)."""
     busy: int = 0
     """Calls running on it now: a busy execution is never idle."""
+    acts: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """Idempotency key → (the action's JSON, the answer): a repeated key is answered from
+    here, and the action does not run twice."""
+    acted: int = 0
+    """Actions the execution actually ran (not answers repeated from ``acts``)."""
 
 
 @dataclass
@@ -300,10 +311,11 @@ class FaultMiddleware:
     """ASGI middleware applying a ``FaultInjector`` before the routes run.
 
     A drop sends the status line and headers announcing a body, then returns without the body:
-    uvicorn then closes the socket, and the client sees a connection cut mid-answer. A throttle
+    uvicorn then closes the socket, and the client sees a connection cut mid-answer (before the
+    route ran; ``drop_after``: once the route ran, its answer lost). A throttle
     answers 429 with ``Retry-After``; a stall waits before the route runs; a crash closes the
     execution through ``crash(gym_id, execution_id)`` and answers 502. Every injected fault is
-    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/chaos.py`` counts).
+    logged as one ``fault=KIND route=ROUTE path=PATH`` line (what ``bench/experiments/chaos.py`` counts).
     """
 
     def __init__(
@@ -350,7 +362,17 @@ class FaultMiddleware:
                 send, 429, f"injected fault: throttled on {route}", [(b"retry-after", retry_after)]
             )
             return
+        if decision.drop_after:
+            await self.app(scope, receive, _swallow)
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"64")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return
         await self.app(scope, receive, send)
+
+
+async def _swallow(message: Message) -> None:
+    """A ``send`` that loses the answer (``drop_after``)."""
+    return None
 
 
 async def _answer(
@@ -475,6 +497,8 @@ def create_app(
             "max_body_bytes": limits.max_body_bytes,
             "auth": limits.auth_token is not None,
             "fork": bool(getattr(state.gym(gym_id), "can_fork", False)),
+            "idempotent_actions": True,
+            "replays_exactly": await gym_replays_exactly(state.gym(gym_id)),
         }
 
     @app.get("/api/v1/{gym_id}/executions")
@@ -591,9 +615,21 @@ def create_app(
             action = action_from_json(body["action"])
         except ValidationError as exc:
             raise HTTPException(422, _action_error(exc)) from exc
+        key = request.headers.get("idempotency-key")
+        canonical = json.dumps(body["action"], sort_keys=True)
         async with state.using(live):
+            if key is not None and key in live.acts:
+                stored_action, answer = live.acts[key]
+                if stored_action != canonical:
+                    raise HTTPException(409, f"Idempotency-Key {key!r} was used for another action")
+                log.info("repeated action key=%s path=%s: stored answer", key, request.url.path)
+                return answer
             result = await live.execution.act(action)
-        return await step_result_to_json(result)
+            live.acted += 1
+            answer = await step_result_to_json(result)
+            if key is not None:
+                live.acts[key] = (canonical, answer)
+        return answer
 
     @app.post("/api/v1/{gym_id}/executions/{execution_id}/evaluate")
     async def evaluate(gym_id: str, execution_id: str, request: Request) -> dict[str, Any]:

@@ -61,8 +61,8 @@ class TinySpec:
     head_dim: int = 32
     """Four query and four KV heads of 32: twice the head width and KV heads of the first tiny
     model (16 and 2), which did not read the word that tells two instructions apart; this
-    width does (the copy probe of docs/design-notes.md#rotary-base;
-    RL from it, docs/design-notes.md#one-phone-per-seed)."""
+    width does (the copy probe of bench/experiments/results/rotary-base/README.md#rotary-base;
+    RL from it, bench/experiments/results/one-phone-per-seed/README.md#one-phone-per-seed)."""
     intermediate_size: int = 128
     vision_depth: int = 2
     vision_hidden_size: int = 32
@@ -71,7 +71,7 @@ class TinySpec:
     rope_theta: float = 10_000.0
     """Rotary base 1e4, not Qwen3-VL's 5e6: at 5e6 most of the 16 rotary pairs turn less than
     once over a prompt's ~800 positions, so attention can hardly tell positions apart
-    (docs/design-notes.md#rotary-base); ``bench/learning_gpu.py``'s model uses 1e4 too."""
+    (bench/experiments/results/rotary-base/README.md#rotary-base); ``bench/experiments/learning_gpu.py``'s model uses 1e4 too."""
     min_pixels: int = 16 * 32 * 32
     max_pixels: int = 128 * 32 * 32
     """Processor pixel budget: a 1080×2400 screenshot becomes 224×512 (112 image tokens). The

@@ -1,5 +1,5 @@
-"""``python -m cua_native.monitor serve|migrate|drain``: the dashboard server, schema migrations,
-and delivery of what a run left undelivered."""
+"""``python -m cua_native.monitor serve|migrate|drain|tasks``: the dashboard server, schema
+migrations, delivery of what a run left undelivered, and a run's success per task."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cua_native import cli_checks
+from cua_native.monitor.service import tasks
 
 LOG = logging.getLogger("cua_native.monitor")
 
@@ -35,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("run_dir", help="the run directory (its workers' directories included)")
     drain.add_argument("--token", help="bearer token for a Training Monitor (or CUA_MONITOR_TOKEN)")
     drain.add_argument("--db", help="database URL, when the spill's has a password")
+    tasks.add_arguments(
+        commands.add_parser(
+            "tasks", help="success per task: baseline, training blocks, evaluations (SQLite)"
+        )
+    )
     for sub in (serve, migrate):
         sub.add_argument("--db", help="SQLAlchemy URL (default: SQLite monitor.db in --run-dir)")
         sub.add_argument("--run-dir", help="run directory holding screenshots/ (default: the DB's)")
@@ -54,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         from cua_native.monitor.client.drain import run
 
         return run(args.run_dir, args.token, args.db)
+    if args.command == "tasks":
+        return tasks.run(args)
     if args.db is None and args.run_dir is None:
         print("give --db URL or --run-dir DIR", file=sys.stderr)
         return 2

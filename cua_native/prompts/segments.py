@@ -7,7 +7,7 @@ chat template are the ids of its pieces, concatenated with the added tokens' ids
 An agent's prompt repeats almost every piece turn after turn (the system prompt with its tool
 definitions, the instruction, the earlier turns' messages); ``SegmentTokenizer`` tokenizes each
 distinct piece once and looks it up afterwards. On the embedded default that took tokenization
-from 0.8 to 0.04 ms of a turn's CPU (cProfile over 800 turns of ``bench/loop.py``'s episodes).
+from 0.8 to 0.04 ms of a turn's CPU (cProfile over 800 turns of ``bench/perf/loop.py``'s episodes).
 
 Exactness rests on the tokenizer having the structure above, so ``SegmentTokenizer.for_tokenizer``
 checks that structure (no strip/single-word rules on the cut tokens, no special tokens added by

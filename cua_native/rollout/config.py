@@ -167,7 +167,7 @@ class ReplayConfig(BaseModel):
 
 
 class CreditConfig(BaseModel):
-    """Per-step credit beyond the episode's group advantage (``docs/design-notes.md#per-step-credit``):
+    """Per-step credit beyond the episode's group advantage (``docs/contracts.md#per-step-credit``):
     each switch off by default."""
 
     model_config = ConfigDict(extra="forbid")
@@ -189,6 +189,28 @@ class CreditConfig(BaseModel):
             or self.replay.enabled
             or self.dynamic_sampling
         )
+
+
+class RecoveryConfig(BaseModel):
+    """Recovery at the call: a fault costs a retry, not the episode
+    (``docs/contracts.md#recovery-at-the-call``). The gym client's own retries (reads,
+    idempotent actions, 429 after ``Retry-After``) are its ``retries`` option; these are the
+    episode's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replay: bool = True
+    """Restore a lost execution by replaying its actions on a fresh one, checked against the
+    last screen seen (``gym/recovery.py``); only on gyms that declare exact replay (the
+    simulator, a gym server whose capabilities say ``replays_exactly``). Elsewhere, and when
+    the check fails, the episode is rejected."""
+    max_replays: int = Field(3, ge=0)
+    """Restores (fresh executions) one episode may spend."""
+    engine_retries: int = Field(2, ge=0)
+    """Model calls that failed before answering (a connection reset, an inference server
+    restart) sent again, per call; a timeout is never retried."""
+    engine_backoff_s: float = Field(1.0, ge=0.0)
+    """Seconds before each such retry (counted as time lost waiting)."""
 
 
 class AgentConfig(BaseModel):
@@ -235,6 +257,9 @@ class AgentConfig(BaseModel):
     reward_norm_eps: float = Field(1e-6, gt=0.0)
     infra_retries: int = Field(1, ge=0)
     """Fresh-execution retries of an episode that failed for infrastructure reasons."""
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
+    """Recovery at the call (restore a lost execution, retry a failed model call) before an
+    episode is rejected."""
     credit: CreditConfig = Field(default_factory=CreditConfig)
     """Branching rollouts, anchor-state groups, success replay, dynamic sampling (training
     only: evaluations run without them)."""

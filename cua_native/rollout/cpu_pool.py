@@ -9,7 +9,7 @@ order of the submitting episode's ``WORK_RANK``, ``(turn, episode start time)``:
 the earliest turn first (all episodes advance together, none starves), and among episodes on
 the same turn the oldest, so a turn's steps run back to back and its request goes out at once.
 Work outside an episode (loading, I/O, training rows) runs before episode work, in the order it
-came. ``bench/loop.py --pool fifo`` measures the difference.
+came. ``bench/perf/loop.py --pool fifo`` measures the difference.
 """
 
 from __future__ import annotations

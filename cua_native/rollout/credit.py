@@ -1,6 +1,6 @@
 """Per-turn advantages of a group: a tree of same-state sibling groups, and anchor-state groups.
 
-Pure functions of the group's ``EpisodeRecord``s (``docs/design-notes.md#per-step-credit``).
+Pure functions of the group's ``EpisodeRecord``s (``docs/contracts.md#per-step-credit``).
 
 **Tree.** A group's episodes form a tree: the roots start from the task's initial state; an
 episode forked at turn ``b`` of its parent (``EpisodeRecord.origin``) starts from the parent's

@@ -10,10 +10,11 @@ included.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -24,7 +25,15 @@ from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
 from cua_native.engine.prompt_report import prompt_report
 from cua_native.engine.versions import served_versions
-from cua_native.gym.protocol import Execution, Gym, Observation, Task, final_answer
+from cua_native.gym.protocol import (
+    Execution,
+    Gym,
+    Observation,
+    Task,
+    final_answer,
+    gym_replays_exactly,
+)
+from cua_native.gym.recovery import ReplayingExecution
 from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
 from cua_native.rollout.agent import Agent, feedback_for
@@ -269,17 +278,36 @@ class Episode:
                 record.end_reason = failure.reason
                 logger.warning("episode %s rejected: %s", self.context.episode_id, failure)
             finally:
+                self._note_recovery()
                 if self.execution is not None:
                     with self.timer.phase("close"):
                         await close_execution(self.execution, self.config.close_timeout_s)
         notify(self.observer, "episode_finished", record)
         return self.result
 
+    def _note_recovery(self) -> None:
+        """The restores of a replaying execution, in the record; the execution the episode
+        ends on is its ``context.execution_id``."""
+        execution = self.execution
+        if isinstance(execution, ReplayingExecution):
+            self.record.lost_executions = list(execution.lost)
+            self.record.replayed_actions = execution.replayed_actions
+            self.record.recovery_s = execution.seconds
+            self.context.execution_id = execution.execution_id
+
     async def _create_play_evaluate(self) -> None:
         record, config = self.record, self.config
         if self.execution is None:
             with self.timer.phase("create"):
-                self.execution = await _start(self.gym, self.task, config.turn_timeout_s)
+                execution = await _start(self.gym, self.task, config.turn_timeout_s)
+                self.execution = execution
+                if config.recovery.replay and await _replays(self.gym, config.turn_timeout_s):
+                    self.execution = ReplayingExecution(
+                        self.gym,
+                        self.task,
+                        execution,
+                        max_replays=config.recovery.max_replays,
+                    )
         execution = self.execution
         self.context.execution_id = execution.execution_id
         record.end_reason = await self._play(execution)
@@ -344,7 +372,8 @@ class Episode:
         self.result.prompt_pixels.append(pixels)
         if self.branch is not None:
             self.screen = screen
-            await self.branch.after_model_turn(self, index, turn)
+            async with self._turn_told(turn):
+                await self.branch.after_model_turn(self, index, turn)
         parsed = turn.parsed
         action = parsed.action if parsed.error is None else None
         if isinstance(action, Answer | Terminate):
@@ -358,9 +387,10 @@ class Episode:
         next_screen: _Screen | None = screen
         if action is not None:
             with self.timer.phase("act", timings):
-                turn.step = await _guarded(
-                    execution.act(action), reason=EndReason.ACT, limit=config.turn_timeout_s
-                )
+                async with self._turn_told(turn):
+                    turn.step = await _guarded(
+                        execution.act(action), reason=EndReason.ACT, limit=config.turn_timeout_s
+                    )
             # The act's own observation saves a call; without one the next turn observes.
             observed = turn.step.observation
             next_screen = _Screen(observed) if observed is not None else None
@@ -374,6 +404,16 @@ class Episode:
         )
         notify(self.observer, "turn_finished", self.context, turn)
         return None, next_screen, parsed
+
+    @contextlib.asynccontextmanager
+    async def _turn_told(self, turn: TurnRecord) -> AsyncIterator[None]:
+        """A turn in the record is told to the observer even when its action fails: the
+        episode's end marks its last turn, which a store must already hold."""
+        try:
+            yield
+        except InfraFailure:
+            notify(self.observer, "turn_finished", self.context, turn)
+            raise
 
     async def _model_turn(
         self, index: int, screen: _Screen, timings: dict[str, float]
@@ -400,7 +440,7 @@ class Episode:
         request.metadata.setdefault("episode_id", context.episode_id)
         # One request id for all the episode's turns: AReaL's remote engine sends requests
         # with the same ``rid`` to the same server (RemoteInfEngine.rid_to_address), whose
-        # prefix cache then holds the earlier turns (docs/design-notes.md#one-request-id-per-episode).
+        # prefix cache then holds the earlier turns (docs/contracts.md#one-request-id-per-episode).
         request.rid = context.episode_id
         request.metadata.setdefault("turn", index)
         sent_ids = list(request.input_ids)
@@ -437,8 +477,46 @@ class Episode:
 
     async def _generate(self, request: ModelRequest) -> ModelResponse:
         """``engine.agenerate`` under the turn limit; an aborted or misaligned response is an
-        engine failure. A remote engine's tokens carry the version their request was built
+        engine failure. A call that failed before answering with a connection error (an
+        inference server restart) is sent again, ``recovery.engine_retries`` times, each after
+        ``recovery.engine_backoff_s`` (on the episode's clock, inside its time budget); a
+        timeout never is. A remote engine's tokens carry the version their request was built
         under (``cua_native.engine.versions``: AReaL 1.0.4 reads it again after the answer)."""
+        recovery = self.config.recovery
+        retries = 0
+        while True:
+            try:
+                response = await self._generate_once(request)
+                break
+            except InfraFailure as failure:
+                if not isinstance(failure.__cause__, ConnectionError):
+                    raise
+                if retries >= recovery.engine_retries:
+                    raise
+                retries += 1
+                self.record.engine_retries += 1
+                logger.info(
+                    "episode %s: model call failed (%s), retry %d of %d",
+                    self.context.episode_id,
+                    failure,
+                    retries,
+                    recovery.engine_retries,
+                )
+                wait = min(recovery.engine_backoff_s, max(0.0, self.deadline.remaining()))
+                if wait > 0:
+                    waited_from = self.deadline.clock()
+                    await asyncio.sleep(wait)
+                    self.record.engine_wait_s += self.deadline.clock() - waited_from
+        if response.stop_reason == "abort":
+            raise InfraFailure(EndReason.GENERATE, "the engine aborted the request")
+        n = len(response.output_tokens)
+        if len(response.output_logprobs) != n or len(response.output_versions) != n:
+            raise InfraFailure(
+                EndReason.GENERATE, "engine returned misaligned tokens/logprobs/versions"
+            )
+        return response
+
+    async def _generate_once(self, request: ModelRequest) -> ModelResponse:
         with served_versions() as served:
             response = await _guarded(
                 self.engine.agenerate(request),
@@ -448,13 +526,6 @@ class Episode:
                 clock=self.deadline.clock,
             )
         response.output_versions = served.pinned(response.output_versions)
-        if response.stop_reason == "abort":
-            raise InfraFailure(EndReason.GENERATE, "the engine aborted the request")
-        n = len(response.output_tokens)
-        if len(response.output_logprobs) != n or len(response.output_versions) != n:
-            raise InfraFailure(
-                EndReason.GENERATE, "engine returned misaligned tokens/logprobs/versions"
-            )
         return response
 
 
@@ -491,6 +562,17 @@ async def _guarded(
         raise
     except Exception as error:
         raise InfraFailure(reason, f"{type(error).__name__}: {error}") from error
+
+
+async def _replays(gym: Gym, limit: float) -> bool:
+    """Whether ``gym`` declares exact replay (asked under the call limit; a gym that cannot
+    answer is taken not to)."""
+    try:
+        async with asyncio.timeout(limit):
+            return await gym_replays_exactly(gym)
+    except Exception as error:
+        logger.warning("could not ask gym %s whether it replays exactly: %s", gym.gym_id, error)
+        return False
 
 
 async def _start(gym: Gym, task: Task, limit: float) -> Execution:

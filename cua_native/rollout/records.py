@@ -126,6 +126,22 @@ class EpisodeRecord:
     """Turn indices at which this episode's execution was forked into siblings."""
     replayed: bool = False
     """A stored success mixed into a later group (success replay): trained, not played again."""
+    lost_executions: list[str] = field(default_factory=list)
+    """Executions lost mid-episode and restored by exact replay on a fresh one
+    (``gym/recovery.py``); ``context.execution_id`` is the one the episode ended on."""
+    replayed_actions: int = 0
+    """Actions replayed to restore them."""
+    recovery_s: float = 0.0
+    """Seconds spent restoring them."""
+    engine_retries: int = 0
+    """Model calls sent again after failing before an answer."""
+    engine_wait_s: float = 0.0
+    """Seconds waited before those retries."""
+
+    @property
+    def recovered_calls(self) -> int:
+        """Calls that failed and were recovered at the call: restores and model retries."""
+        return len(self.lost_executions) + self.engine_retries
 
     @property
     def parse_errors(self) -> dict[str, int]:
@@ -237,8 +253,18 @@ class EpisodeTally(NullObserver):
     false_done: int = 0
     """Completed episodes the agent ended with ``terminate(success)`` that the gym's evaluation
     failed: a premature or mistaken "done"."""
+    restored: int = 0
+    """Executions lost and restored by replay (every episode, rejected ones included)."""
+    recovered_episodes: int = 0
+    """Completed episodes that recovered at least one call (a restore or a model retry)."""
+    engine_retries: int = 0
+    recovery_s: float = 0.0
+    """Seconds spent restoring executions and waiting before model retries."""
 
     def episode_finished(self, record: EpisodeRecord) -> None:
+        self.restored += len(record.lost_executions)
+        self.engine_retries += record.engine_retries
+        self.recovery_s += record.recovery_s + record.engine_wait_s
         if record.outcome == "rejected":
             self.rejected += 1
             reason = str(record.reject_reason or "unknown")
@@ -246,6 +272,7 @@ class EpisodeTally(NullObserver):
             return
         figures = record.figures()
         self.completed += 1
+        self.recovered_episodes += int(record.recovered_calls > 0)
         self.token_mismatches += figures.token_mismatches
         self.successes += int(figures.success)
         self.rewards.append(figures.reward)

@@ -12,7 +12,7 @@ mmap threshold are mapped and unmapped one by one, the main heap's free top is t
 worker thread's arena deletes its 64 MiB heaps once they are empty, which happens after every
 synchronous batch. On the 2-core CI machine that was most of a turn's CPU (pixel tensors
 1.8 ms → 0.5 ms, prompt assembly 1.5 ms → 0.3 ms), and a second 256-episode wave still
-re-faulted its 3 GB (3.1 → 1.7 ms of CPU per turn with the settings below, ``bench/loop.py``).
+re-faulted its 3 GB (3.1 → 1.7 ms of CPU per turn with the settings below, ``bench/perf/loop.py``).
 
 ``tune_allocator`` sets, through ``mallopt`` for the running process: blocks up to 32 MiB from
 the heap (``M_MMAP_THRESHOLD``), one arena for all threads (``M_ARENA_MAX``: the main heap,
@@ -24,7 +24,7 @@ the same through the environment variables in ``ALLOCATOR_ENV``.
 **GIL switch interval.** Screenshot and prompt work runs in worker threads; each time one of
 them releases the GIL (Pillow, NumPy, tokenizers) a busy event loop may keep it for the whole
 switch interval (5 ms by default) before the worker gets it back. 1 ms cut that convoy: 52 % →
-63 % of the latency-bound rate at 256 concurrent episodes on one core (``bench/loop.py``).
+63 % of the latency-bound rate at 256 concurrent episodes on one core (``bench/perf/loop.py``).
 
 **CPU pool.** The loop's default executor (``asyncio.to_thread``, ``run_in_executor(None)``)
 gets one thread per available core instead of ``cores + 4``: more threads than cores only
@@ -34,7 +34,7 @@ serves the episode furthest behind first (``cpu_pool.RankedPool``).
 **Frozen start-up heap.** After imports and model loading a process holds ~700k objects the
 cyclic garbage collector can track (modules, classes, the tokenizer, the model's modules) that
 live as long as the process. Every full collection walked all of them: 0.45 s with the event
-loop stopped, once per 256-episode batch (``bench/loop.py``). ``freeze_startup_heap`` moves them
+loop stopped, once per 256-episode batch (``bench/perf/loop.py``). ``freeze_startup_heap`` moves them
 out of the collector's sight (``gc.freeze``) once loading is done; objects created later are
 collected as before.
 """

@@ -174,7 +174,7 @@ def episode_multi_modal_inputs(
     view of the rows of its images, which a history window of the latest screenshots always
     finds consecutive. Only a turn whose images are not consecutive there gets its own copy.
     Without this every turn carried its whole window: 3 copies of each screenshot with a
-    3-image history, in float32 (``bench/rows.py``)."""
+    3-image history, in float32 (``bench/perf/rows.py``)."""
     index: dict[int, int] = {}
     distinct: list[Any] = []
     for prompt in pixels:

@@ -13,7 +13,7 @@ The workflow is built from plain, serializable kwargs (AReaL may construct it in
 worker from an import path + ``workflow_kwargs``); the gym client, processor and prompt builder
 are created lazily on first use, once per running event loop.
 
-Credit switches (``AgentConfig.credit``, all off by default; ``docs/design-notes.md#per-step-credit``):
+Credit switches (``AgentConfig.credit``, all off by default; ``docs/contracts.md#per-step-credit``):
 branching rollouts fork episodes into same-state siblings (``rollout/branching.py``) and the
 rows carry per-turn advantages of the tree of siblings; anchor-state groups add GiGPO's
 step-level advantage (``rollout/credit.py``); success replay mixes a stored success into a

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from areal.api.io_struct import ModelRequest, ModelResponse
+from areal.api.io_struct import ModelRequest
+from fakes.scripted_engine import ScriptedEngine
 
 from cua_native.actions.dialects import get_dialect
 from cua_native.actions.models import Click
@@ -95,34 +96,6 @@ def run_probe(env: str, probe: str, job: dict[str, Any], tmp: Path) -> dict[str,
     return answer
 
 
-class ScriptedEngine:
-    """Answers every turn with a click in the family's format, recording the requests."""
-
-    def __init__(self, family: str, tokenizer: Any) -> None:
-        self.dialect = get_dialect(family)
-        self.tokenizer = tokenizer
-        self.requests: list[ModelRequest] = []
-
-    async def agenerate(self, req: ModelRequest) -> ModelResponse:
-        self.requests.append(req)
-        text = self.dialect.format(
-            Click(x=0.5, y=0.3 + 0.1 * len(self.requests)), thought="Open the next screen."
-        )
-        ids = [
-            *self.tokenizer(text)["input_ids"],
-            self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        ]
-        return ModelResponse(
-            input_tokens=list(req.input_ids),
-            output_tokens=ids,
-            output_logprobs=[0.0] * len(ids),
-            output_versions=[0] * len(ids),
-            stop_reason="stop",
-            tokenizer=req.tokenizer,
-            processor=req.processor,
-        )
-
-
 @dataclass
 class Turns:
     """The prompts of one episode, as the workflow sent them."""
@@ -166,7 +139,14 @@ def play(label: str, budget: str, model_dir: Path, agent: AgentConfig, turns: in
 
     async def episode() -> list[ModelRequest]:
         gym = SimGym(seed=0)
-        engine = ScriptedEngine(family, processor.tokenizer)
+        engine = ScriptedEngine(
+            processor.tokenizer,
+            get_dialect(family),
+            lambda turn: Click(x=0.5, y=0.4 + 0.1 * turn),  # one episode: its n-th request
+            processor.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            thought="Open the next screen.",
+            logprob=0.0,
+        )
         flow = CUAAgentWorkflow(config, gym=gym, processor=processor)
         try:
             task = (await gym.list_tasks())[0]

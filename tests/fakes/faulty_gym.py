@@ -12,18 +12,26 @@ from cua_native.gym.protocol import Execution, Gym, GymError, Task
 class FaultyGym:
     """Wraps a real gym; raises ``GymError`` on the calls named in ``fail`` (``"start"``,
     ``"observe"``, ``"act"``, ``"evaluate"``; each with the 1-based call counts that fail, or
-    ``None`` for all) or hangs on ``hang``; counts executions started and closed."""
+    ``None`` for all) or hangs on ``hang``; counts executions started and closed. ``crash``
+    names calls (same form) before which the execution dies: the inner execution is closed, so
+    the call meets the inner gym's own ``ExecutionGone``. ``replays`` is what it answers to
+    ``replays_exactly`` (``ReplayableGym``; off by default: nothing is restored)."""
 
     def __init__(
         self,
         inner: Gym,
         fail: dict[str, set[int] | None] | None = None,
         hang: set[str] | None = None,
+        crash: dict[str, set[int] | None] | None = None,
+        replays: bool = False,
     ) -> None:
         self.inner = inner
         self.gym_id = inner.gym_id
         self.fail = fail or {}
         self.hang = hang or set()
+        self.crash = crash or {}
+        self.replays = replays
+        self.crashed: list[str] = []
         self.counts: dict[str, int] = {}
         self.started = 0
         self.closed = 0
@@ -36,6 +44,17 @@ class FaultyGym:
             which = self.fail[call]
             if which is None or self.counts[call] in which:
                 raise GymError(f"injected {call} failure #{self.counts[call]}")
+
+    async def maybe_crash(self, call: str, execution: Execution) -> None:
+        """Close ``execution`` when this call (counted by ``check``) is named in ``crash``."""
+        if call in self.crash:
+            which = self.crash[call]
+            if which is None or self.counts[call] in which:
+                self.crashed.append(execution.execution_id)
+                await execution.close()
+
+    async def replays_exactly(self) -> bool:
+        return self.replays
 
     async def list_tasks(self) -> list[Task]:
         return await self.inner.list_tasks()
@@ -63,14 +82,17 @@ class _FaultyExecution:
 
     async def observe(self) -> Any:
         await self.gym.check("observe")
+        await self.gym.maybe_crash("observe", self.inner)
         return await self.inner.observe()
 
     async def act(self, action: Any) -> Any:
         await self.gym.check("act")
+        await self.gym.maybe_crash("act", self.inner)
         return await self.inner.act(action)
 
     async def evaluate(self, answer: str | None = None) -> Any:
         await self.gym.check("evaluate")
+        await self.gym.maybe_crash("evaluate", self.inner)
         return await self.inner.evaluate(answer)
 
     async def close(self) -> None:

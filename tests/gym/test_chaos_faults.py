@@ -1,4 +1,4 @@
-"""The chaos bench's faults (``bench/chaos.py``) against the real server and client over
+"""The chaos bench's faults (``bench/experiments/chaos.py``) against the real server and client over
 loopback: 429 with ``Retry-After``, crashes, and the inference faults of
 ``cua_native.engine.faults``."""
 

@@ -1,4 +1,4 @@
-"""Screenshot URLs end to end (docs/design-notes.md#media-allow-list): the workflow and
+"""Screenshot URLs end to end (docs/contracts.md#media-allow-list): the workflow and
 ``evaluate`` give the prompt builder an HTTP client and the run's one allow-list
 (``cua.agent.gym.allowed_media_domains``), and every fetch goes through ``gym.media``'s SSRF
 rules. A real loopback server serves the screenshots as

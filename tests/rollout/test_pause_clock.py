@@ -1,4 +1,4 @@
-"""Timeouts that exclude the trainer's pauses (docs/design-notes.md#pause-clock)."""
+"""Timeouts that exclude the trainer's pauses (docs/contracts.md#pause-clock)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Training rows store each screenshot of an episode once, in the model's dtype
-(docs/design-notes.md#episode-screenshot-tensor); every turn's pixel_values equals the
+(docs/contracts.md#episode-screenshot-tensor); every turn's pixel_values equals the
 concatenation of its prompt's images."""
 
 from __future__ import annotations

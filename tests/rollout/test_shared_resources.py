@@ -1,5 +1,5 @@
 """One set of heavy workflow resources per process
-(docs/design-notes.md#per-process-resources).
+(docs/contracts.md#per-process-resources).
 
 AReaL builds a ``CUAAgentWorkflow`` from its import path and kwargs for every task. 100 such
 objects (as 100 tasks would create them) must share one processor, one gym client and one

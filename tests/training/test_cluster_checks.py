@@ -1,5 +1,5 @@
 """Load-time checks of the cluster configs (the cluster path's findings,
-docs/design-notes.md: #cluster-scheduler-type to #attach-without-build-args): every
+docs/contracts.md#the-cluster-path): every
 shipped cluster config passes them, and each rule gives one error naming its field."""
 
 from __future__ import annotations

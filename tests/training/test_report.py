@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cua_native.rollout.records import EpisodeTally
+from cua_native.training.embedded.evaluation import EvalResult
 from cua_native.training.embedded.report import eval_points, gain, print_report
 from cua_native.training.embedded.trainer import StepSummary, TrainReport, _eval_due
 
@@ -27,14 +29,30 @@ def _report(tmp_path: Path) -> TrainReport:
         for i in range(4)
     ]
     tasks = [f"sim-{i:03d}" for i in range(1, 13)]
-    report.baseline_outcomes = {t: [False, False, False, i % 3 == 0] for i, t in enumerate(tasks)}
-    report.eval_outcomes = {
-        1: {t: [False, True, False, i % 3 == 0] for i, t in enumerate(tasks)},
-        3: {t: [True, True, False, i % 3 == 0] for i, t in enumerate(tasks)},
-    }
-    report.eval_parse_errors = {-1: 0.4, 1: 0.2, 3: 0.1}
-    report.eval_false_done = {-1: 0.25, 1: 0.125, 3: 0.0}
+    for step, first, parse_errors, false_done in (
+        (-1, False, 4, 12),
+        (1, True, 2, 6),
+        (3, True, 1, 0),
+    ):
+        outcomes = {t: [step == 3, first, False, i % 3 == 0] for i, t in enumerate(tasks)}
+        report.evaluations[step] = _result(step, outcomes, parse_errors, false_done)
     return report
+
+
+def _result(
+    step: int, outcomes: dict[str, list[bool]], parse_errors: int, false_done: int
+) -> EvalResult:
+    """An evaluation of 48 episodes and 10 model turns: ``parse_errors`` of the turns
+    unparseable, ``false_done`` episodes ended in a failed done."""
+    total = EpisodeTally(
+        completed=48,
+        successes=sum(sum(v) for v in outcomes.values()),
+        turns=[1] * 10,
+        parse_errors={"format": parse_errors, "tool_name": 0, "tool_arg": 0},
+        false_done=false_done,
+    )
+    kind = "baseline" if step < 0 else "eval"
+    return EvalResult(kind, max(step, 0), total, {}, outcomes)
 
 
 def test_gain_is_last_eval_minus_baseline_on_the_same_tasks(tmp_path: Path) -> None:
@@ -50,7 +68,7 @@ def test_gain_is_last_eval_minus_baseline_on_the_same_tasks(tmp_path: Path) -> N
 
 def test_no_gain_without_a_baseline(tmp_path: Path) -> None:
     report = _report(tmp_path)
-    report.baseline_outcomes = None
+    del report.evaluations[-1]
     assert gain(report) is None
 
 
@@ -87,3 +105,30 @@ def test_the_last_step_is_always_evaluated() -> None:
     assert [s for s in range(10) if _eval_due(4, s, 10)] == [3, 7, 9]
     assert [s for s in range(8) if _eval_due(4, s, 8)] == [3, 7]
     assert not any(_eval_due(0, s, 8) for s in range(8))
+
+
+def test_the_step_table_shows_faults_retries_recovered_calls_and_time_lost() -> None:
+    from cua_native.training.embedded.trainer import step_table_header
+
+    summary = StepSummary(
+        step=2,
+        episodes=16,
+        rejected_groups=1,
+        success_rate=0.5,
+        reward_mean=0.5,
+        reward_std=0.2,
+        turns_mean=3.0,
+        samples=40,
+        seconds=100.0,
+        rollout_seconds=60.0,
+        rejected_episodes=3,
+        retries=7,
+        retry_wait_s=4.0,
+        restored=2,
+        engine_retries=1,
+        recovery_s=8.0,
+    )
+    header, row = step_table_header().split(), summary.table_row().split()
+    assert header[-6:] == ["roll", "rej", "drop", "retry", "rcv", "wait"]
+    assert row[-6:] == ["60%", "3", "1", "7", "3", "12"]
+    assert summary.recovered_calls == 3 and summary.wait_s == pytest.approx(12.0)

@@ -1,5 +1,5 @@
 """The CUA worker environment reaches Ray and Slurm workers through AReaL's scheduling specs
-(docs/design-notes.md#worker-environment), checked with AReaL's own Ray scheduler code that
+(docs/contracts.md#worker-environment), checked with AReaL's own Ray scheduler code that
 turns a spec into a worker's environment."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ What it does keep exactly: prompt ids and vision inputs built the way the real s
 them, token logprobs under the engine's definition (``cua_native.engine.sampling``), and the
 abort semantics of a pause (``core.py``) that AReaL's interruptible rollout depends on.
 
-Abort and resubmission (docs/design-notes.md#vllm-chat-abort):
+Abort and resubmission (docs/contracts.md#vllm-chat-abort):
 
 * **SGLang**: a pause or a weight update aborts running requests; each answers
   ``finish_reason.type == "abort"`` with its partial tokens and logprobs, and AReaL's client

@@ -20,7 +20,7 @@ Shapes follow vllm-project/vllm (``entrypoints/openai``) and AReaL's
 
 What AReaL's client does with an aborted chat answer is the subject of
 ``cua_native.engine.vllm_restart`` (it concatenates partial + restart:
-docs/design-notes.md#vllm-chat-abort).
+docs/contracts.md#vllm-chat-abort).
 Not served (clear 400): streaming, LoRA, top-k alternatives, prompt logprobs, sleep/wake-up.
 
 Checked against vLLM 0.19.1's own classes (``tests/conformance``): the project's requests

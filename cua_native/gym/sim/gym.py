@@ -216,6 +216,12 @@ class SimGym:
     can_fork = True
     """Its executions copy their state (``SimExecution.fork``); the gym server advertises it."""
 
+    async def replays_exactly(self) -> bool:
+        """Yes (``ReplayableGym``): an execution's phone follows from its task and seed alone,
+        and an action's effect from the phone's state; nothing reads a clock or a random
+        stream after the start."""
+        return True
+
     def __init__(
         self,
         seed: int = 0,
@@ -285,7 +291,7 @@ class SimGym:
         every task on one phone starts from the same battery, contacts and notes, and differs
         only in what its ``setup`` pins. Seeding it by task as well gave each task on a phone
         its own status bar, which a policy could read instead of the instruction
-        (docs/design-notes.md#one-phone-per-seed)."""
+        (bench/experiments/results/one-phone-per-seed/README.md#one-phone-per-seed)."""
         known = self._tasks.get(task.task_id)
         if known is None:
             raise UnknownTask(f"the simulator has no task {task.task_id!r}")

@@ -2,7 +2,7 @@
 ``ConfigError`` naming the field, before any worker, server or model is started.
 
 Every rule below is a way AReaL 1.0.4's ``PPOTrainer`` fails or trains wrongly when the field is
-left at AReaL's default (``docs/design-notes.md``, "The cluster path"):
+left at AReaL's default (``docs/contracts.md#the-cluster-path``):
 
 - ``scheduler.type`` unset: the single-controller trainer cannot start its workers;
 - ``rollout.consumer_batch_size`` below ``train_dataset.batch_size``: the staleness manager

@@ -1,7 +1,7 @@
 """What a finished embedded run prints and draws: a step table, the evaluations with their
 intervals and the measured gain, a reward/success curve, and where to find the database, the
 checkpoint and the dashboard. ``evals.json`` in the run directory keeps every evaluation's
-per-task outcomes (``bench/learning.py`` reads it)."""
+per-task outcomes (``bench/experiments/learning.py`` reads it)."""
 
 from __future__ import annotations
 
@@ -38,30 +38,28 @@ class Gain:
 
 def eval_points(report: TrainReport) -> list[EvalPoint]:
     """Baseline (step -1) and every evaluation, each with its bootstrap interval over tasks."""
-    runs: list[tuple[int, dict[str, list[bool]]]] = []
-    if report.baseline_outcomes is not None:
-        runs.append((-1, report.baseline_outcomes))
-    runs.extend(sorted(report.eval_outcomes.items()))
     return [
-        EvalPoint(step, task_interval(out), sum(len(v) for v in out.values()))
-        for step, out in runs
-        if out
+        EvalPoint(step, task_interval(r.outcomes), sum(len(v) for v in r.outcomes.values()))
+        for step, r in sorted(report.evaluations.items())
+        if r.outcomes
     ]
 
 
 def gain(report: TrainReport) -> Gain | None:
     """The last evaluation's success rate minus the baseline's, with a paired 95 % bootstrap
     interval over tasks; ``None`` without both."""
-    if not report.baseline_outcomes or not report.eval_outcomes:
+    after = report.after_steps
+    if report.baseline is None or not report.baseline.outcomes or not after:
         return None
-    step = max(report.eval_outcomes)
-    final = report.eval_outcomes[step]
+    base = report.baseline.outcomes
+    step = max(after)
+    final = after[step].outcomes
     if not final:
         return None
-    diff = paired_difference(report.baseline_outcomes, final)
-    shared = set(report.baseline_outcomes) & set(final)
+    diff = paired_difference(base, final)
+    shared = set(base) & set(final)
     return Gain(
-        baseline=_rate(report.baseline_outcomes, shared),
+        baseline=_rate(base, shared),
         final=_rate(final, shared),
         step=step,
         difference=diff,
@@ -79,8 +77,8 @@ def write_evals(report: TrainReport, path: Path) -> Path:
     """Every evaluation's per-task outcomes and the gain, as JSON."""
     found = gain(report)
     data: dict[str, Any] = {
-        "baseline": report.baseline_outcomes,
-        "evals": {str(k): v for k, v in sorted(report.eval_outcomes.items())},
+        "baseline": None if report.baseline is None else report.baseline.outcomes,
+        "evals": {str(k): r.outcomes for k, r in report.after_steps.items()},
         "points": [
             {
                 "step": p.step,
@@ -88,8 +86,8 @@ def write_evals(report: TrainReport, path: Path) -> Path:
                 "low": p.rate.low,
                 "high": p.rate.high,
                 "episodes": p.episodes,
-                "parse_errors_per_turn": report.eval_parse_errors.get(p.step),
-                "false_done": report.eval_false_done.get(p.step),
+                "parse_errors_per_turn": report.evaluations[p.step].parse_errors_per_turn,
+                "false_done": report.evaluations[p.step].false_done_rate,
             }
             for p in eval_points(report)
         ],
@@ -219,11 +217,11 @@ def print_report(report: TrainReport, *, step_table: bool = True) -> None:
     print()
     for point in eval_points(report):
         name = "baseline" if point.step < 0 else f"eval after step {point.step}"
-        errors = report.eval_parse_errors.get(point.step)
-        shown = f", {errors:.0%} of turns unparseable" if errors is not None else ""
-        false_done = report.eval_false_done.get(point.step)
-        if false_done is not None:
-            shown += f", {false_done:.0%} ended in a failed done"
+        result = report.evaluations[point.step]
+        shown = (
+            f", {result.parse_errors_per_turn:.0%} of turns unparseable, "
+            f"{result.false_done_rate:.0%} ended in a failed done"
+        )
         print(
             f"{name + ':':<22} success {_fmt_interval(point.rate)}, "
             f"{point.episodes} episodes{shown}"

@@ -86,11 +86,31 @@ class StepSummary:
     retries: int = 0
     """Gym calls the client retried (5xx, dropped connections, timeouts of safe calls, 429)."""
     retry_wait_s: float = 0.0
-    """Seconds the gym client waited before those retries (summed over concurrent calls)."""
+    """Seconds lost to those retries: the waits before them (``Retry-After``, backoff) and the
+    failed attempts they repeat (a stalled call's whole timeout), summed over concurrent
+    calls."""
     rejected_s: float = 0.0
     """Seconds the rejected episodes ran before they were rejected (summed over episodes)."""
     reject_reasons: dict[str, int] = field(default_factory=dict)
     """The rejected episodes by reason."""
+    restored: int = 0
+    """Executions lost and restored by exact replay (``gym/recovery.py``)."""
+    engine_retries: int = 0
+    """Model calls sent again after failing before an answer."""
+    recovery_s: float = 0.0
+    """Seconds spent restoring executions and waiting before model retries."""
+    recovered_episodes: int = 0
+    """Completed episodes that recovered at least one call."""
+
+    @property
+    def recovered_calls(self) -> int:
+        return self.restored + self.engine_retries
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds lost waiting on faults: before gym retries, before model retries, restoring
+        executions (summed over concurrent calls)."""
+        return self.retry_wait_s + self.recovery_s
 
     @property
     def rollout_share(self) -> float:
@@ -122,7 +142,8 @@ class StepSummary:
             f"{self.reward_mean:>8.3f} {self.reward_std:>6.3f} {self.turns_mean:>6.1f} "
             f"{self.samples:>7} {self.uniform_groups:>7} {loss} {adv} {gap} {grad} "
             f"{self.seconds:>6.1f} {self.rollout_share:>5.0%} {self.rejected_episodes:>4} "
-            f"{self.rejected_groups:>4} {self.retries:>5}"
+            f"{self.rejected_groups:>4} {self.retries:>5} {self.recovered_calls:>4} "
+            f"{self.wait_s:>5.0f}"
         ) + (
             f" {self.branch_points:>6} {self.extra_env_steps:>6} {self.env_steps:>6} "
             f"{self.signal_groups:>3}/{self.groups:<3} {self.replayed_samples:>6}"
@@ -144,12 +165,15 @@ def step_table_header(credit: bool = False) -> str:
 STEP_TABLE_HEADER = (
     f"{'step':>4} {'episodes':>8} {'success':>8} {'reward':>8} {'±':>6} {'turns':>6} "
     f"{'samples':>7} {'uniform':>7} {'loss':>8} {'|adv|':>6} {'logp Δ':>7} {'|grad|':>7} {'sec':>6}"
-    f" {'roll':>5} {'rej':>4} {'drop':>4} {'retry':>5}"
+    f" {'roll':>5} {'rej':>4} {'drop':>4} {'retry':>5} {'rcv':>4} {'wait':>5}"
 )
 """Columns of the step table: what ``print_report`` prints at the end of a run and, without
 progress bars, the trainer prints as each step finishes. ``roll``: the share of the step spent
 waiting for rollouts; ``rej``: episodes an infrastructure fault rejected; ``drop``: groups
-dropped for it; ``retry``: gym calls retried."""
+dropped for it; ``retry``: gym calls retried; ``rcv``: calls recovered at the call (executions
+restored by replay, model calls sent again); ``wait``: seconds lost waiting on them (before gym
+retries and in the failed attempts they repeat, before model retries, restoring; summed over
+concurrent episodes)."""
 
 
 @dataclass(slots=True)
@@ -158,21 +182,22 @@ class TrainReport:
     model_dir: Path
     monitor_url: str | None
     steps: list[StepSummary] = field(default_factory=list)
-    baseline_success: float | None = None
-    evals: dict[int, float] = field(default_factory=dict)
-    baseline_outcomes: dict[str, list[bool]] | None = None
-    """Task id → success of each baseline episode (for the paired interval)."""
-    eval_outcomes: dict[int, dict[str, list[bool]]] = field(default_factory=dict)
-    eval_parse_errors: dict[int, float] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → parse errors per model turn."""
-    eval_false_done: dict[int, float] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → share of episodes ended by a failed "done"."""
     checkpoint: Path | None = None
     warm_start: dict[str, Any] | None = None
     evaluations: dict[int, EvalResult] = field(default_factory=dict)
-    """Evaluation step (-1: baseline) → its result."""
+    """Evaluation step (-1: the baseline) → its result: the run's one record of its evaluations."""
     credit: bool = False
     """A credit switch was on (the step table shows its columns)."""
+
+    @property
+    def baseline(self) -> EvalResult | None:
+        """The evaluation before training (``None`` when the run made none)."""
+        return self.evaluations.get(-1)
+
+    @property
+    def after_steps(self) -> dict[int, EvalResult]:
+        """The evaluations after training steps, by step, in step order."""
+        return {step: r for step, r in sorted(self.evaluations.items()) if step >= 0}
 
 
 def _ppo_step(
@@ -230,25 +255,17 @@ class RejectedTime(NullObserver):
 
 
 def _call_stats(gym: Gym) -> tuple[int, float]:
-    """The gym client's retries and seconds waited so far (0 for gyms that keep none)."""
+    """The gym client's retries and the seconds lost to them so far: the waits before them and
+    the failed attempts they repeat (0 for gyms that keep none)."""
     stats = getattr(gym, "call_stats", None)
     if stats is None:
         return 0, 0.0
-    return int(stats.retries), float(stats.wait_s)
+    return int(stats.retries), float(stats.wait_s) + float(getattr(stats, "failed_s", 0.0))
 
 
 def _keep_eval(report: TrainReport, result: EvalResult) -> None:
     """An evaluation's figures in the report, under its step (the baseline: -1)."""
-    point = -1 if result.kind == "baseline" else result.step
-    report.evaluations[point] = result
-    if result.kind == "baseline":
-        report.baseline_success = result.success_rate
-        report.baseline_outcomes = result.outcomes
-    else:
-        report.evals[result.step] = result.success_rate
-        report.eval_outcomes[result.step] = result.outcomes
-    report.eval_parse_errors[point] = result.parse_errors_per_turn
-    report.eval_false_done[point] = result.false_done_rate
+    report.evaluations[-1 if result.kind == "baseline" else result.step] = result
 
 
 def _pick(stats: dict[str, float], suffix: str) -> float | None:
@@ -524,6 +541,10 @@ class EmbeddedTrainer:
             retries=calls_after[0] - calls[0],
             retry_wait_s=calls_after[1] - calls[1],
             rejected_s=lost.seconds,
+            restored=tally.restored,
+            engine_retries=tally.engine_retries,
+            recovery_s=tally.recovery_s,
+            recovered_episodes=tally.recovered_episodes,
             groups=len(groups),
             env_steps=sum(group.env_steps for group in groups),
             root_success=sum(roots) / len(roots) if roots else 0.0,
@@ -577,6 +598,11 @@ class EmbeddedTrainer:
                 "reject_reasons": summary.reject_reasons,
                 "gym_retries": summary.retries,
                 "gym_retry_wait_s": round(summary.retry_wait_s, 3),
+                "restored_executions": summary.restored,
+                "engine_retries": summary.engine_retries,
+                "recovery_s": round(summary.recovery_s, 3),
+                "recovered_episodes": summary.recovered_episodes,
+                "fault_wait_s": round(summary.wait_s, 3),
                 "rejected_episode_s": round(summary.rejected_s, 3),
                 "rollout_s": round(summary.rollout_seconds, 3),
                 "rollout_share": round(summary.rollout_share, 4),

@@ -1,5 +1,5 @@
 """The stand-in's vLLM API driven by AReaL 1.0.4's own ``RemotevLLMEngine``, and
-docs/design-notes.md#vllm-chat-abort:
+docs/contracts.md#vllm-chat-abort:
 what AReaL's client makes of a vision (chat) turn aborted by a pause, with and without
 ``restart_chat_on_abort``."""
 
@@ -46,7 +46,7 @@ async def test_chat_and_completions_match_the_in_process_engine(
 async def test_chat_answer_reports_the_prompt_it_built(kit: Any, sk: Any, tiny: Any) -> None:
     """``usage.prompt_tokens`` and ``prompt_token_ids`` let the client check that the server
     built exactly the prompt builder's ids from the chat messages
-    (docs/design-notes.md#server-prompt-check)."""
+    (docs/contracts.md#server-prompt-check)."""
     engine = kit.engine()
     req = sk.prompt_request(tiny.processor, GREEDY)
     payload = VLLMBackend().build_generation_request(sk.on_wire(req), False, 0).payload
@@ -103,7 +103,7 @@ async def test_text_path_continues_exactly(kit: Any, sk: Any) -> None:
 async def test_stock_areal_concatenates_an_aborted_vision_turn(
     kit: Any, sk: Any, tiny: Any
 ) -> None:
-    """The vLLM chat abort (docs/design-notes.md#vllm-chat-abort), reproduced with AReaL's own
+    """The vLLM chat abort (docs/contracts.md#vllm-chat-abort), reproduced with AReaL's own
     client against vLLM's abort semantics: the turn becomes the partial followed by a fresh
     answer to the same messages."""
     req = sk.prompt_request(tiny.processor, GREEDY)

@@ -1,10 +1,10 @@
 """The cluster workflow on AReaL 1.0.4's own remote clients against the stand-in server.
 
-vLLM chat abort (docs/design-notes.md#vllm-chat-abort): ``CUAAgentWorkflow.arun_episode``
+vLLM chat abort (docs/contracts.md#vllm-chat-abort): ``CUAAgentWorkflow.arun_episode``
 prepares the ``RemotevLLMEngine`` it is given, so a vision turn aborted by a weight update is
 restarted under the new weights: the recorded turn is the new model's answer, never
 ``partial + restart``.
-Server prompt check (docs/design-notes.md#server-prompt-check): a server that built another
+Server prompt check (docs/contracts.md#server-prompt-check): a server that built another
 prompt than the builder's ids (count, or ids where vLLM returns them) rejects the episode as
 ``token_mismatch``, counted in the stats.
 """

@@ -168,7 +168,7 @@ async def test_one_phone_is_one_phone_whatever_the_task(small_gym: SimGym, seed:
     """The phone's data depends on the seed, not on the task: two tasks that pin nothing the
     home screen shows start from the same pixels, so only the instruction tells them apart (a
     per-task phone let a policy read the task off the status bar;
-    docs/design-notes.md#one-phone-per-seed)."""
+    bench/experiments/results/one-phone-per-seed/README.md#one-phone-per-seed)."""
     starts = []
     for task_id in ("sim-005", "sim-014", "sim-015"):  # airplane mode, Notes, Clock: no setup
         execution = await small_gym.start(await small_gym.get_task(task_id), {"seed": seed})
