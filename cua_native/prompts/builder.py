@@ -13,6 +13,7 @@ tokenizes the text, expands the pads and concatenates cached tensors (``request.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -61,6 +62,16 @@ from cua_native.prompts.segments import SegmentTokenizer
 T = TypeVar("T")
 
 DEFAULT_FETCH_TIMEOUT = 10.0
+
+
+def default_image_threads() -> int:
+    """A quarter of the CPUs this process may run on, 1 to 4: a turn's screenshot is one
+    image, and the other cores serve the other episodes' turns and the engine."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus // 4))
 
 
 class PromptTooLong(ValueError):
@@ -132,6 +143,8 @@ class PromptBuilder:
     taken anyway for processors the fast path does not cover). ``fast``, ``pixel_kernel`` (the
     NumPy ``PixelKernel``) and ``segments`` (the ``SegmentTokenizer``) say which path is taken;
     the last two are ``None`` unless checked exact against the processor at start.
+    ``image_threads``: threads a new screenshot's resize and pixel rows are split over, in
+    bands (the same bytes on any count; default ``default_image_threads()``).
     """
 
     def __init__(
@@ -146,12 +159,16 @@ class PromptBuilder:
         dialect: Dialect | None = None,
         encode_images: bool = True,
         use_processor: bool = False,
+        image_threads: int | None = None,
     ) -> None:
         self.config = config
         self.processor = processor
         self.sizing = sizing_from_processor(processor, config.min_pixels, config.max_pixels)
         self.dialect = dialect or dialect_for(config)
         self.encode_images = encode_images
+        self.image_threads = default_image_threads() if image_threads is None else image_threads
+        if self.image_threads < 1:
+            raise ValueError(f"image_threads must be >= 1, got {self.image_threads}")
         self.fast = not use_processor and supports_fast_path(processor)
         self.pixel_kernel = (
             PixelKernel.for_image_processor(processor.image_processor) if self.fast else None
@@ -231,17 +248,21 @@ class PromptBuilder:
         timings: dict[str, float] | None,
         accessibility_tree: str | None = None,
     ) -> PreparedImage:
+        threads = self.image_threads
         image = prepare_image(
             source,
             self.sizing,
             url,
             timings,
             encode=self.encode_images,
+            threads=threads,
             accessibility_tree=accessibility_tree,
         )
         if self.fast:
             start = perf_counter()
-            image_features(self.processor.image_processor, image, kernel=self.pixel_kernel)
+            image_features(
+                self.processor.image_processor, image, kernel=self.pixel_kernel, threads=threads
+            )
             if timings is not None:
                 timings["pixels"] = perf_counter() - start
         return image

@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from time import perf_counter
 from typing import Any, TypeVar
 
@@ -177,14 +179,65 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def resize_for_model(
-    image: Image.Image, sizing: ImageSizing, reducing_gap: float | None = RESIZE_REDUCING_GAP
+    image: Image.Image,
+    sizing: ImageSizing,
+    reducing_gap: float | None = RESIZE_REDUCING_GAP,
+    threads: int = 1,
 ) -> Image.Image:
     """Bicubic resize to the ``smart_resize`` size (``reducing_gap``: see
-    ``RESIZE_REDUCING_GAP``; ``None`` is a plain bicubic like qwen-vl-utils)."""
+    ``RESIZE_REDUCING_GAP``; ``None`` is a plain bicubic like qwen-vl-utils). ``threads`` > 1
+    resizes in bands on that many threads where that is exact (``banded_resize``)."""
     size = sizing.model_size(*image.size)
     if size == image.size:
         return image
+    if threads > 1:
+        banded = banded_resize(image, size, reducing_gap, threads)
+        if banded is not None:
+            return banded
     return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=reducing_gap)
+
+
+def banded_resize(
+    image: Image.Image, size: tuple[int, int], reducing_gap: float | None, threads: int
+) -> Image.Image | None:
+    """``image.resize(size, BICUBIC, reducing_gap=...)`` in ``threads`` bands, or ``None``
+    where a band would not be exact.
+
+    Pillow resamples in separable passes, each a function of one row (horizontal pass) or one
+    column (vertical pass) and of the two lengths along it; a pass whose length does not change
+    is skipped. So when only the width changes (a 1080x2400 phone screenshot becoming
+    1088x2400), bands of whole rows resized on their own are the rows of the whole resize, and
+    when only the height changes (1920x1080 -> 1920x1088), bands of whole columns; Pillow
+    releases the GIL while it resamples. Taken only when the changed side shrinks by less than
+    ``reducing_gap`` (no ``reduce`` step in front); else ``None``."""
+    width, height = image.size
+    new_width, new_height = size
+    if (new_width == width) == (new_height == height):
+        return None  # both sides change (or neither): one pass depends on the other's rows
+    along, new_along, across = (
+        (width, new_width, height) if new_height == height else (height, new_height, width)
+    )
+    if reducing_gap is not None and int(along / new_along / reducing_gap) > 1:
+        return None
+    bands = max(1, min(threads, across // 64))
+    if bands == 1:
+        return None
+    cuts = list(pairwise(across * i // bands for i in range(bands + 1)))
+    rows = new_height == height
+
+    def one(band: tuple[int, int]) -> Image.Image:
+        lo, hi = band
+        box = (0, lo, width, hi) if rows else (lo, 0, hi, height)
+        part_size = (new_width, hi - lo) if rows else (hi - lo, new_height)
+        return image.crop(box).resize(
+            part_size, Image.Resampling.BICUBIC, reducing_gap=reducing_gap
+        )
+
+    out = Image.new(image.mode, size)
+    with ThreadPoolExecutor(bands, thread_name_prefix="resize") as pool:
+        for (lo, _), part in zip(cuts, pool.map(one, cuts), strict=True):
+            out.paste(part, (0, lo) if rows else (lo, 0))
+    return out
 
 
 def encode_png_base64(image: Image.Image) -> str:
@@ -200,12 +253,14 @@ def prepare_image(
     timings: dict[str, float] | None = None,
     *,
     encode: bool = False,
+    threads: int = 1,
     accessibility_tree: str | None = None,
 ) -> PreparedImage:
     """Decode (bytes) or take (PIL) a screenshot and make the model's image. Blocking.
 
     ``encode`` fills the PNG cache now (else on first ``png_base64``). ``timings``, when given,
     receives seconds per phase: ``decode``, ``resize`` (and ``encode`` with ``encode``).
+    ``threads``: see ``resize_for_model`` (the image is the same either way).
     """
     start = perf_counter()
     image = decode_image(source) if isinstance(source, bytes | bytearray) else source
@@ -214,7 +269,7 @@ def prepare_image(
     image = to_rgb(image)
     decoded = perf_counter()
     original = image.size
-    resized = resize_for_model(image, sizing)
+    resized = resize_for_model(image, sizing, threads=threads)
     if resized is image and image is source:
         resized = image.copy()
     resized_at = perf_counter()

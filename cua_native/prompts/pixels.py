@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -79,6 +81,47 @@ def compute_features(image_processor: Any, image: PreparedImage) -> ImageFeature
     return ImageFeatures(pixel_values=out["pixel_values"], image_grid_thw=grid)
 
 
+ROWS_PER_CHUNK = 256
+"""Patch rows normalised per step of ``PixelKernel``: a chunk's float32 scratch (~0.8 MB at
+patch 16) stays in cache, so each output byte is written once, straight from it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Normalization:
+    """The image processor's ``rescale_and_normalize`` as per-channel float32 steps, in its
+    order and precision (``BaseImageProcessorFast`` fuses the rescale into mean and std, then
+    subtracts and divides; without ``do_normalize`` it multiplies by ``rescale_factor``)."""
+
+    offset: np.ndarray | None
+    """``(channels, 1)`` float32 subtracted first (``None``: no normalisation)."""
+    divisor: np.ndarray | None
+    """``(channels, 1)`` float32 divided by next."""
+    factor: np.float32 | None
+    """The rescale factor when there is no normalisation."""
+
+    @classmethod
+    def of(cls, ip: Any, channels: int) -> Normalization:
+        if ip.do_normalize:
+            mean = np.asarray(ip.image_mean, dtype=np.float32).reshape(-1)
+            std = np.asarray(ip.image_std, dtype=np.float32).reshape(-1)
+            if ip.do_rescale:
+                scale = np.float32(1.0 / ip.rescale_factor)
+                mean, std = mean * scale, std * scale
+            offset = np.broadcast_to(mean, (channels,)).reshape(channels, 1).copy()
+            divisor = np.broadcast_to(std, (channels,)).reshape(channels, 1).copy()
+            return cls(offset=offset, divisor=divisor, factor=None)
+        factor = np.float32(ip.rescale_factor) if ip.do_rescale else None
+        return cls(offset=None, divisor=None, factor=factor)
+
+    def apply(self, values: np.ndarray) -> None:
+        """In place on float32 ``(..., channels, n)`` values."""
+        if self.offset is not None and self.divisor is not None:
+            np.subtract(values, self.offset, out=values)
+            np.divide(values, self.divisor, out=values)
+        elif self.factor is not None:
+            np.multiply(values, self.factor, out=values)
+
+
 @dataclass(frozen=True, slots=True)
 class PixelKernel:
     """``compute_features`` for a ``Qwen2VLImageProcessorFast`` (see the module docstring),
@@ -86,15 +129,18 @@ class PixelKernel:
 
     Plain NumPy on purpose: it runs in worker threads next to the event loop, and torch's
     intra-op thread pool, entered from several threads at once, spends more time spinning than
-    computing on images this small. Rescale + normalise is elementwise on uint8 input, so it is
-    applied as a 256-entry table per channel, built with the image processor's arithmetic in its
-    order and precision: bit-identical (``for_image_processor`` checks it) and twice as fast."""
+    computing on images this small. The image's uint8 patches are laid out in the processor's
+    row order with one copy; then, ``ROWS_PER_CHUNK`` rows at a time, they are cast to float32,
+    rescaled and normalised with the image processor's own float32 steps (``Normalization``:
+    elementwise IEEE arithmetic, so bit-identical; ``for_image_processor`` checks it) in a
+    scratch buffer that stays in cache, and written to both temporal slots of the output. Each
+    output byte is written once (the float32 rows are 8x the image's bytes and dominate)."""
 
     patch: int
     merge: int
     temporal: int
-    table: np.ndarray
-    """``normalization_table``: ``(256, channels)`` float32."""
+    normalization: Normalization
+    channels: int = 3
 
     @classmethod
     def build(cls, image_processor: Any, channels: int = 3) -> PixelKernel:
@@ -104,13 +150,16 @@ class PixelKernel:
             patch=int(ip.patch_size),
             merge=int(ip.merge_size),
             temporal=int(ip.temporal_patch_size),
-            table=normalization_table(ip, channels),
+            normalization=Normalization.of(ip, channels),
+            channels=channels,
         )
 
     @classmethod
     def for_image_processor(cls, image_processor: Any) -> PixelKernel | None:
         """The kernel if it reproduces this image processor exactly (values, dtypes, layout),
-        checked on a small synthetic image with a 3x2 grid of merge blocks; else ``None``."""
+        checked on a small synthetic image with a 3x2 grid of merge blocks; else ``None``.
+        Every uint8 value of every channel occurs in the probe, and the arithmetic is
+        elementwise, so equality on the probe is equality on every image."""
         if type(image_processor).__name__ not in KERNEL_IMAGE_PROCESSORS:
             return None
         try:
@@ -118,6 +167,7 @@ class PixelKernel:
             factor = kernel.patch * kernel.merge
             rng = np.random.default_rng(0)
             probe = rng.integers(0, 256, (3 * factor, 2 * factor, 3), dtype=np.uint8)
+            probe.reshape(-1, 3)[:256] = np.arange(256, dtype=np.uint8)[:, None]
             image = PreparedImage(
                 image=Image.fromarray(probe, "RGB"),
                 original_size=(2 * factor, 3 * factor),
@@ -136,31 +186,57 @@ class PixelKernel:
         )
         return kernel if same else None
 
-    def __call__(self, image: Image.Image) -> ImageFeatures:
+    def __call__(self, image: Image.Image, threads: int = 1) -> ImageFeatures:
+        """The image's rows (RGB only); ``threads``: see ``rows``."""
         if image.mode != "RGB":
             raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
+        return self.rows(np.asarray(image, dtype=np.uint8), threads)
+
+    def rows(self, pixels: np.ndarray, threads: int = 1) -> ImageFeatures:
+        """The rows of an ``(H, W, C)`` uint8 image. ``threads`` > 1 splits the image into
+        that many bands of whole merge blocks (a band's rows are a contiguous run of the
+        output) computed on threads; NumPy releases the GIL in its copies and arithmetic, and
+        every value is the same whichever thread computes it."""
         patch, merge, temporal = self.patch, self.merge, self.temporal
-        width, height = image.size
+        height, width, channels = pixels.shape
         if width % (patch * merge) or height % (patch * merge):
             raise ValueError(f"image size {width}x{height} is not a multiple of {patch * merge}")
-        pixels = np.asarray(image, dtype=np.uint8)  # (H, W, C)
-        channels = pixels.shape[2]
-        if channels != self.table.shape[1]:
-            raise ValueError(f"the kernel is for {self.table.shape[1]} channels, got {channels}")
+        if channels != self.channels:
+            raise ValueError(f"the kernel is for {self.channels} channels, got {channels}")
         grid_h, grid_w = height // patch, width // patch
+        count = grid_h * grid_w
+        per_band = grid_w * merge  # patch rows in one band of merge blocks
         blocks = pixels.reshape(
             grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels
         )
-        # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
-        ordered = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5))
-        ordered = ordered.reshape(grid_h * grid_w, channels, patch * patch)
-        rows = np.empty((grid_h * grid_w, channels, temporal, patch * patch), dtype=np.float32)
-        for channel in range(channels):
-            np.take(self.table[:, channel], ordered[:, channel], out=rows[:, channel, 0])
-        rows[:, :, 1:] = rows[:, :, :1]  # the temporal repeat of a still image
+        rows = np.empty((count, channels, temporal, patch * patch), dtype=np.float32)
+
+        def fill(band: tuple[int, int]) -> None:
+            lo, hi = band
+            # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
+            ordered = np.ascontiguousarray(blocks[lo:hi].transpose(0, 3, 1, 4, 6, 2, 5))
+            ordered = ordered.reshape(-1, channels, patch * patch)
+            out = rows[lo * per_band : hi * per_band]
+            scratch = np.empty((min(ROWS_PER_CHUNK, len(ordered)), *ordered.shape[1:]), np.float32)
+            for start in range(0, len(ordered), ROWS_PER_CHUNK):
+                stop = min(start + ROWS_PER_CHUNK, len(ordered))
+                values = scratch[: stop - start]
+                np.copyto(values, ordered[start:stop])
+                self.normalization.apply(values)
+                for frame in range(temporal):  # a still image repeated over the temporal patch
+                    out[start:stop, :, frame] = values
+
+        bands = grid_h // merge
+        split = max(1, min(threads, bands))
+        ranges = list(pairwise(bands * i // split for i in range(split + 1)))
+        if split == 1:
+            fill(ranges[0])
+        else:
+            with ThreadPoolExecutor(split, thread_name_prefix="pixels") as pool:
+                list(pool.map(fill, ranges))
         grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
         return ImageFeatures(
-            pixel_values=torch.from_numpy(rows.reshape(grid_h * grid_w, -1)), image_grid_thw=grid
+            pixel_values=torch.from_numpy(rows.reshape(count, -1)), image_grid_thw=grid
         )
 
 
@@ -169,47 +245,56 @@ def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
     return PixelKernel.build(image_processor)(image)
 
 
-def normalization_table(ip: Any, channels: int) -> np.ndarray:
-    """``(256, channels)`` float32: what the image processor's ``rescale_and_normalize`` maps
-    each uint8 value of each channel to (mean/std fused with the rescale in float32, then
-    subtract and divide, as ``BaseImageProcessorFast`` does)."""
-    values = np.repeat(np.arange(256, dtype=np.float32)[:, None], channels, axis=1)
-    if ip.do_normalize:
-        mean = np.asarray(ip.image_mean, dtype=np.float32).reshape(-1)
-        std = np.asarray(ip.image_std, dtype=np.float32).reshape(-1)
-        if ip.do_rescale:
-            scale = np.float32(1.0 / ip.rescale_factor)
-            mean, std = mean * scale, std * scale
-        return (values - mean) / std
-    if ip.do_rescale:
-        return values * np.float32(ip.rescale_factor)
-    return values
-
-
 def kernel_matches(image_processor: Any) -> bool:
     """Whether ``PixelKernel`` reproduces this image processor exactly."""
     return PixelKernel.for_image_processor(image_processor) is not None
 
 
 def image_features(
-    image_processor: Any, image: PreparedImage, *, kernel: PixelKernel | None = None
+    image_processor: Any,
+    image: PreparedImage,
+    *,
+    kernel: PixelKernel | None = None,
+    threads: int = 1,
 ) -> ImageFeatures:
     """The image's tensors for this image processor, computed on first use. Blocking.
 
-    ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``)."""
+    ``kernel``: compute them with it (only one from ``PixelKernel.for_image_processor``), with
+    ``threads`` (see ``PixelKernel.rows``; above 1 the content key is hashed on one more thread
+    meanwhile)."""
     key = image_processor_key(image_processor)
     if kernel is not None:
-        return image.cached(key, lambda: _keyed(kernel(image.image), key, image.image))
-    return image.cached(
-        key, lambda: _keyed(compute_features(image_processor, image), key, image.image)
-    )
+        return image.cached(key, lambda: _kernel_features(kernel, key, image.image, threads))
+
+    def reference() -> ImageFeatures:
+        features = compute_features(image_processor, image)
+        return replace(features, content_key=content_key(key, image.image, image.image.tobytes()))
+
+    return image.cached(key, reference)
 
 
-def _keyed(features: ImageFeatures, processor: Hashable, image: Image.Image) -> ImageFeatures:
+def _kernel_features(
+    kernel: PixelKernel, key: Hashable, image: Image.Image, threads: int
+) -> ImageFeatures:
+    if image.mode != "RGB":
+        raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
+    pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))  # = image.tobytes()
+    if threads <= 1:
+        return replace(kernel.rows(pixels), content_key=content_key(key, image, pixels.data))
+    with ThreadPoolExecutor(1, thread_name_prefix="content-key") as pool:
+        digest = pool.submit(content_key, key, image, pixels.data)
+        features = kernel.rows(pixels, threads)
+        return replace(features, content_key=digest.result())
+
+
+def content_key(processor: Hashable, image: Image.Image, data: bytes | memoryview) -> str:
+    """``ImageFeatures.content_key``: SHA-1 of the image processor's settings, the image's mode
+    and size, and its pixel bytes ``data`` (``image.tobytes()`` or the same bytes as an array).
+    """
     digest = hashlib.sha1(repr(processor).encode(), usedforsecurity=False)
     digest.update(f"{image.mode} {image.size}".encode())
-    digest.update(image.tobytes())
-    return replace(features, content_key=digest.hexdigest())
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def concat_features(features: Sequence[ImageFeatures]) -> dict[str, torch.Tensor]:

@@ -19,9 +19,11 @@ from cua_native.prompts import (
     pixels,
 )
 from cua_native.prompts.images import (
+    RESIZE_REDUCING_GAP,
     UNENCODED_IMAGE_URL,
     ImageSizing,
     PreparedImage,
+    banded_resize,
     prepare_image,
     resize_for_model,
 )
@@ -57,18 +59,18 @@ async def test_pixels_are_computed_once_per_image(
     if not kernel:
         builder.pixel_kernel = None
     calls: list[tuple[str, Image.Image]] = []
-    original_kernel = pixels.PixelKernel.__call__
+    original_kernel = pixels.PixelKernel.rows
     original_features = pixels.compute_features
 
-    def counting_kernel(self, image):
-        calls.append(("kernel", image))
-        return original_kernel(self, image)
+    def counting_kernel(self, pixels, threads=1):
+        calls.append(("kernel", pixels))
+        return original_kernel(self, pixels, threads)
 
     def counting_features(image_processor, image):
         calls.append(("compute_features", image.image))
         return original_features(image_processor, image)
 
-    monkeypatch.setattr(pixels.PixelKernel, "__call__", counting_kernel)
+    monkeypatch.setattr(pixels.PixelKernel, "rows", counting_kernel)
     monkeypatch.setattr(pixels, "compute_features", counting_features)
     shots = make_shots(builder.sizing, 5)
     history: list[HistoryStep] = []
@@ -78,7 +80,9 @@ async def test_pixels_are_computed_once_per_image(
     assert len(built.images) == 3
     # 1 + 2 + 3 + 3 + 3 images shown, each normalised once, by the chosen path.
     used = "kernel" if kernel else "compute_features"
-    assert [(name, id(im)) for name, im in calls] == [(used, id(s.image)) for s in shots]
+    assert [name for name, _ in calls] == [used] * len(shots)
+    for (_, seen), shot in zip(calls, shots, strict=True):
+        assert seen is shot.image if not kernel else seen.tobytes() == shot.image.tobytes()
     # Turn 5 released turns 1-2 (never shown again); the window's images stay cached.
     assert [bool(s._cache) for s in shots] == [False, False, True, True, True]
 
@@ -199,3 +203,53 @@ def test_fast_resize_keeps_the_exact_model_size(screens) -> None:
     fast = resize_for_model(smooth, sizing).tobytes()
     plain = resize_for_model(smooth, sizing, reducing_gap=None).tobytes()
     assert max(abs(a - b) for a, b in zip(fast, plain, strict=True)) <= 4
+
+
+@pytest.mark.parametrize(
+    ("source", "lo", "hi"),
+    [
+        ((1080, 2400), 65536, 16777216),  # width only: 1088x2400, row bands
+        ((1920, 1080), 65536, 16777216),  # height only: 1920x1088, column bands
+        ((1080, 2400), 16 * 1024, 128 * 1024),  # both shrink (reduce first): one call
+        ((1000, 2400), 65536, 16777216),  # width only, 1000 -> 992: shrinks
+    ],
+)
+def test_banded_resize_is_the_whole_resize(
+    screens, source: tuple[int, int], lo: int, hi: int
+) -> None:
+    image = screens[2].resize(source)
+    sizing = ImageSizing(32, lo, hi)
+    whole = resize_for_model(image, sizing)
+    size = sizing.model_size(*source)
+    one_side = (size[0] == source[0]) != (size[1] == source[1])
+    assert (banded_resize(image, size, RESIZE_REDUCING_GAP, 3) is not None) == one_side
+    for threads in (2, 3, 7):
+        banded = resize_for_model(image, sizing, threads=threads)
+        assert banded.size == whole.size and banded.mode == whole.mode
+        assert banded.tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("fixture", ["processor", "qwen25_processor"])
+def test_pixel_rows_on_threads_are_the_same(
+    request: pytest.FixtureRequest, screens, fixture: str
+) -> None:
+    image_processor = request.getfixturevalue(fixture).image_processor
+    factor = image_processor.patch_size * image_processor.merge_size
+    image = prepare_image(
+        screens[3].resize((20 * factor, 9 * factor)), ImageSizing(factor, 1, 10**8)
+    )
+    kernel = pixels.PixelKernel.for_image_processor(image_processor)
+    assert kernel is not None
+    reference = pixels.compute_features(image_processor, image)
+    for threads in (1, 2, 4, 50):
+        mine = kernel(image.image, threads=threads)
+        assert torch.equal(mine.pixel_values, reference.pixel_values)
+        assert torch.equal(mine.image_grid_thw, reference.image_grid_thw)
+    keyed = [
+        pixels.image_features(
+            image_processor, replace(image, source_url=None), kernel=kernel, threads=threads
+        )
+        for threads in (1, 3)
+    ]
+    without = pixels.image_features(image_processor, replace(image, source_url=None))
+    assert keyed[0].content_key == keyed[1].content_key == without.content_key is not None
