@@ -2,7 +2,9 @@
 # Source me: installs what local desktops need (cua_native/gym/desktop/local.py) and exports
 # CUA_DESKTOP_PYTHON. Debian packages: Xvfb, the openbox window manager, the apps of the desktop
 # tasks (xterm, mousepad, pcmanfm, galculator, LibreOffice Calc) and the tools the server and
-# evaluators call (xdotool, wmctrl, xclip); needs root. The desktop server's own small virtual
+# evaluators call (xdotool, wmctrl, xclip), and for the accessibility tree D-Bus, the AT-SPI bus
+# and Debian's python3-pyatspi (/usr/bin/python3 runs gym/desktop/atspi_tree.py); needs root.
+# The desktop server's own small virtual
 # environment (.venv-desktop: Flask, pyautogui, python-xlib, Pillow, and OSWorld's client code
 # from PyPI's desktop-env for the contract test). With CUA_OSWORLD_SERVER_MAIN set (OSWorld's own
 # desktop_env/server/main.py, which cua_native does not ship): its Debian dependencies
@@ -16,13 +18,16 @@ set -euo pipefail
 _cua_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export DEBIAN_FRONTEND=noninteractive
 _cua_missing=""
-for _cua_bin in Xvfb openbox xterm mousepad pcmanfm galculator localc xdotool wmctrl xclip; do
+for _cua_bin in Xvfb openbox xterm mousepad pcmanfm galculator localc xdotool wmctrl xclip \
+        dbus-daemon /usr/libexec/at-spi-bus-launcher; do
     command -v "$_cua_bin" >/dev/null 2>&1 || _cua_missing="$_cua_missing $_cua_bin"
 done
+/usr/bin/python3 -c "import pyatspi" >/dev/null 2>&1 || _cua_missing="$_cua_missing pyatspi"
 if [ -n "$_cua_missing" ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends xvfb openbox xterm mousepad pcmanfm \
-        galculator libreoffice-calc xdotool wmctrl xclip >/dev/null
+        galculator libreoffice-calc xdotool wmctrl xclip dbus-daemon at-spi2-core \
+        python3-pyatspi >/dev/null
 fi
 
 _cua_venv="$_cua_root/.venv-desktop"

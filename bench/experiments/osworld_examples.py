@@ -11,7 +11,8 @@ A task counts as *self-contained* when none of its set-up steps fetches anything
 ``googledrive``, ``login``, ``chrome_open_tabs``, ``chrome_close_tabs``), in ``config`` or the
 evaluator's ``postconfig``, and none of its getters reads a cloud file or a web page; as *judged* when it also loads as a cua_native task (its
 set-up steps, getters and metrics within the subset). ``infeasible`` tasks are judged by the
-agent's refusal, not by the desktop's state: they are counted apart. ``--run`` starts a local
+agent's final action (the subset's ``infeasible`` evaluator), not by the desktop's state: they
+are counted apart. ``--run`` starts a local
 desktop per judged task, plays its set-up and evaluates it before any action (every one must be
 judged "not solved" without crashing); it executes the task's own set-up commands on a local
 desktop, so read them first (``--only`` picks the domains).

@@ -8,7 +8,8 @@ Needs ``.ci/desktop.sh``. For each N of ``--desktops``: starts N desktops of the
 side (all live at once), times each start, sums the memory (PSS and RSS, from
 ``/proc/PID/smaps_rollup``) of every process of each desktop (Xvfb, openbox, the server, the
 app), then runs ``--steps`` observe and act calls on each desktop concurrently and prints p50/p99
-latency and the aggregate rate, then closes them and checks that nothing of them is left.
+latency and the aggregate rate, times ``--a11y`` fetches of each desktop's accessibility tree
+(``/accessibility``: the AT-SPI tree), then closes them and checks that nothing of them is left.
 ``--out`` writes every N's figures, with the machine's CPU count and load average, as JSON.
 """
 
@@ -76,7 +77,17 @@ async def _drive(execution: DesktopExecution, steps: int) -> tuple[list[float], 
     return observe, act
 
 
-async def measure(desktops: int, steps: int, task_id: str) -> dict[str, Any]:
+async def _trees(execution: DesktopExecution, fetches: int) -> tuple[list[float], int]:
+    """``fetches`` timed ``/accessibility`` calls, one after another; the last tree's size."""
+    times, size = [], 0
+    for _ in range(fetches):
+        start = time.perf_counter()
+        size = len(await execution.accessibility_tree())
+        times.append((time.perf_counter() - start) * 1000)
+    return times, size
+
+
+async def measure(desktops: int, steps: int, task_id: str, a11y: int = 5) -> dict[str, Any]:
     gym = DesktopGym()
     task = await gym.get_task(task_id)
     starts: list[float] = []
@@ -119,6 +130,12 @@ async def measure(desktops: int, steps: int, task_id: str) -> dict[str, Any]:
             step=_figures(step),
             steps_per_s=round(len(act) / elapsed, 2),
         )
+        if a11y:
+            trees = await asyncio.gather(*(_trees(e, a11y) for e in executions))
+            fetch = [v for times, _ in trees for v in times]
+            size_kb = statistics.fmean(size for _, size in trees) / 1000
+            print(_line("accessibility tree", fetch) + f"  {size_kb:.0f} kB")
+            result.update(a11y=_figures(fetch), a11y_kb=round(size_kb, 1))
     finally:
         closes = []
         for execution in executions:
@@ -133,8 +150,10 @@ async def measure(desktops: int, steps: int, task_id: str) -> dict[str, Any]:
     return result
 
 
-async def measure_all(sizes: list[int], steps: int, task_id: str) -> list[dict[str, Any]]:
-    return [await measure(n, steps, task_id) for n in sizes]
+async def measure_all(
+    sizes: list[int], steps: int, task_id: str, a11y: int
+) -> list[dict[str, Any]]:
+    return [await measure(n, steps, task_id, a11y) for n in sizes]
 
 
 if __name__ == "__main__":
@@ -142,9 +161,10 @@ if __name__ == "__main__":
     parser.add_argument("--desktops", type=int, nargs="+", default=[3])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--task", default="calc_formula_cell")
+    parser.add_argument("--a11y", type=int, default=5, help="accessibility-tree fetches each")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    runs = asyncio.run(measure_all(args.desktops, args.steps, args.task))
+    runs = asyncio.run(measure_all(args.desktops, args.steps, args.task, args.a11y))
     if args.out is not None:
         report = {"cpus": os.cpu_count(), "steps_per_desktop": args.steps, "runs": runs}
         args.out.write_text(json.dumps(report, indent=2) + "\n")

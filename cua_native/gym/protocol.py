@@ -14,7 +14,22 @@ from typing import Any, Protocol, runtime_checkable
 from PIL.Image import Image as PILImage
 from pydantic import BaseModel, ConfigDict, Field
 
-from cua_native.actions.models import Action
+from cua_native.actions.models import Action, Answer, Terminate
+
+FAIL_ANSWER = "FAIL"
+"""The answer ``evaluate`` receives when the agent's final action is ``terminate(failure)``:
+OSWorld's ``FAIL``, the agent declaring the task infeasible (``final_answer``)."""
+
+
+def final_answer(action: Action) -> str | None:
+    """What ``evaluate`` is given for the episode's final action: an ``answer``'s text,
+    ``FAIL_ANSWER`` for ``terminate(failure)``, else ``None``. Gyms that judge only state ignore
+    it; OSWorld's ``infeasible`` tasks are judged by it alone (``docs/desktop.md``)."""
+    if isinstance(action, Answer):
+        return action.text
+    if isinstance(action, Terminate) and action.status == "failure":
+        return FAIL_ANSWER
+    return None
 
 
 class Task(BaseModel):
@@ -47,6 +62,9 @@ class Screenshot:
     png: bytes | None = None
     url: str | None = None
     image: PILImage | None = None
+    accessibility_tree: str | None = None
+    """The same screen as its accessibility tree (OSWorld's ``/accessibility`` XML), when the
+    gym was asked for it (a desktop gym's ``accessibility_tree`` option); not an image."""
 
     def __post_init__(self) -> None:
         given = sum(v is not None for v in (self.png, self.url, self.image))

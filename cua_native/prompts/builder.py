@@ -29,6 +29,7 @@ from areal.api.io_struct import ModelRequest
 from cua_native.actions.dialects import Dialect
 from cua_native.gym.media import check_url_allowed, fetch_image_url
 from cua_native.gym.protocol import Screenshot, Task
+from cua_native.prompts import a11y
 from cua_native.prompts.config import PromptConfig
 from cua_native.prompts.families import family_of
 from cua_native.prompts.history import (
@@ -117,7 +118,7 @@ def render_messages(
     check_history(history)
     if window is None:
         window = initial_window(len(history), config.history_images or 1, config.max_images)
-    return family_of(config).render_messages(
+    messages, images = family_of(config).render_messages(
         task,
         history,
         current,
@@ -126,6 +127,10 @@ def render_messages(
         window,
         message_url if encode_images else unencoded_url,
     )
+    tree = a11y.prompt_part(current.accessibility_tree, config.accessibility_tree_chars)
+    if tree is not None:  # after the current screenshot, in the last (user) message
+        messages[-1] = {**messages[-1], "content": [*messages[-1]["content"], tree]}
+    return messages, images
 
 
 class PromptBuilder:
@@ -190,7 +195,9 @@ class PromptBuilder:
         (and PNG) once, off the event loop. ``timings`` gets seconds for ``decode``,
         ``resize``, ``pixels`` and (with ``encode_images``) ``encode``."""
         source = await self._source(screenshot)
-        return await self._off_loop(self._prepare_blocking, source, screenshot.url, timings)
+        return await self._off_loop(
+            self._prepare_blocking, source, screenshot.url, timings, screenshot.accessibility_tree
+        )
 
     async def build_turn(
         self,
@@ -214,7 +221,9 @@ class PromptBuilder:
         source = await self._source(current)
 
         def prepare_and_build() -> BuiltPrompt:
-            prepared = self._prepare_blocking(source, current.url, timings)
+            prepared = self._prepare_blocking(
+                source, current.url, timings, current.accessibility_tree
+            )
             return self._build_blocking(task, history, prepared, gconfig, timings)
 
         return await self._off_loop(prepare_and_build)
@@ -233,11 +242,21 @@ class PromptBuilder:
         return source
 
     def _prepare_blocking(
-        self, source: Any, url: str | None, timings: dict[str, float] | None
+        self,
+        source: Any,
+        url: str | None,
+        timings: dict[str, float] | None,
+        accessibility_tree: str | None = None,
     ) -> PreparedImage:
         threads = self.image_threads
         image = prepare_image(
-            source, self.sizing, url, timings, encode=self.encode_images, threads=threads
+            source,
+            self.sizing,
+            url,
+            timings,
+            encode=self.encode_images,
+            threads=threads,
+            accessibility_tree=accessibility_tree,
         )
         if self.fast:
             start = perf_counter()

@@ -56,6 +56,10 @@ class PromptConfig:
     available_apps: tuple[str, ...] | None = None
     screen_grid: int | None = None
     system_preamble: str | None = ""
+    accessibility_tree_chars: int = 0
+    """With a tree in the observation (a desktop gym's ``accessibility_tree`` option), the
+    user message ends with it linearised, at most this many characters (``prompts.a11y``);
+    0, the default: never (Qwen3-VL and MAI-UI are trained on screenshots alone)."""
 
     def __post_init__(self) -> None:
         if self.family not in VARIANTS:

@@ -61,6 +61,8 @@ class PreparedImage:
     original_size: tuple[int, int]
     model_size: tuple[int, int]
     source_url: str | None = None
+    accessibility_tree: str | None = None
+    """The screen's accessibility tree when the observation carried one (``Screenshot``)."""
     _cache: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -252,6 +254,7 @@ def prepare_image(
     *,
     encode: bool = False,
     threads: int = 1,
+    accessibility_tree: str | None = None,
 ) -> PreparedImage:
     """Decode (bytes) or take (PIL) a screenshot and make the model's image. Blocking.
 
@@ -271,7 +274,11 @@ def prepare_image(
         resized = image.copy()
     resized_at = perf_counter()
     prepared = PreparedImage(
-        image=resized, original_size=original, model_size=resized.size, source_url=source_url
+        image=resized,
+        original_size=original,
+        model_size=resized.size,
+        source_url=source_url,
+        accessibility_tree=accessibility_tree,
     )
     if encode:
         prepared.png_base64  # noqa: B018 (fills the cache)

@@ -25,7 +25,14 @@ from cua_native.actions.errors import ParsedOutput
 from cua_native.actions.models import Answer, Terminate
 from cua_native.engine.prompt_report import prompt_report
 from cua_native.engine.versions import served_versions
-from cua_native.gym.protocol import Execution, Gym, Observation, Task, gym_replays_exactly
+from cua_native.gym.protocol import (
+    Execution,
+    Gym,
+    Observation,
+    Task,
+    final_answer,
+    gym_replays_exactly,
+)
 from cua_native.gym.recovery import ReplayingExecution
 from cua_native.prompts import HistoryStep, PreparedImage, PromptTooLong
 from cua_native.prompts.pixels import PromptPixels
@@ -370,7 +377,7 @@ class Episode:
         parsed = turn.parsed
         action = parsed.action if parsed.error is None else None
         if isinstance(action, Answer | Terminate):
-            self.record.answer = action.text if isinstance(action, Answer) else None
+            self.record.answer = final_answer(action)
             notify(self.observer, "turn_finished", self.context, turn)
             return (
                 (EndReason.ANSWER if isinstance(action, Answer) else EndReason.TERMINATE),

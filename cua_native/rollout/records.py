@@ -115,6 +115,7 @@ class EpisodeRecord:
     reward: float = 0.0
     success: bool = False
     answer: str | None = None
+    """What ``evaluate`` was given: ``protocol.final_answer`` of the final action."""
     end_reason: EndReason | None = None
     """Set when the episode ends (``None`` while it runs)."""
     timings: dict[str, float] = field(default_factory=dict)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cua_native.actions.models import Action, Key, TypeText
+from cua_native.actions.models import Action, Answer, Key, Terminate, TypeText
 from cua_native.gym.desktop.gym import DesktopExecution
 from cua_native.gym.desktop.tasks import wait_for_window
+from cua_native.gym.protocol import final_answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,11 @@ DEMONSTRATIONS: dict[str, tuple[Step, ...]] = {
     "calc_product_cells": _cell(2, 0, "=A1*B1"),
     "calc_header_row": (_HOME, TypeText(text="Name\tAge\n"), _SAVE),
     "calc_total_price": _cell(1, 4, "=SUM(B2:B4)"),
+    # OSWorld's infeasible tasks: the only right move is to declare them impossible
+    "terminal_infeasible_camera": (Terminate(status="failure"),),
+    "editor_infeasible_video": (Terminate(status="failure"),),
+    "files_infeasible_cloud": (Terminate(status="failure"),),
+    "calculator_infeasible_plot": (Terminate(status="failure"),),
 }
 
 
@@ -106,13 +112,17 @@ class DemonstrationFailed(RuntimeError):
     """The desktop refused a demonstrated action."""
 
 
-async def demonstrate(execution: DesktopExecution, *, window_timeout_s: float = 60.0) -> None:
-    """Play the task's demonstration on ``execution``; raises ``KeyError`` for a task without
-    one and ``DemonstrationFailed`` when an action is refused."""
+async def demonstrate(execution: DesktopExecution, *, window_timeout_s: float = 60.0) -> str | None:
+    """Play the task's demonstration on ``execution``; the answer ``evaluate`` takes
+    (``protocol.final_answer`` of a closing ``answer``/``terminate``, else ``None``). Raises
+    ``KeyError`` for a task without one and ``DemonstrationFailed`` when an action is refused."""
     for step in DEMONSTRATIONS[execution.task.task_id]:
         if isinstance(step, WaitForWindow):
             await wait_for_window(execution.client, step.name, limit_s=window_timeout_s)
             continue
+        if isinstance(step, Answer | Terminate):
+            return final_answer(step)
         result = await execution.act(step)
         if not result.ok:
             raise DemonstrationFailed(f"{execution.task.task_id}: {step!r}: {result.error}")
+    return None

@@ -10,6 +10,11 @@ semantics; text is compared with trailing newlines removed), and ``ods_cell_equa
 (cua_native's: ``rules`` ``{"cell": "A1", "expected": value}`` against the first sheet of an
 OpenDocument spreadsheet, numbers compared as numbers). A getter that cannot reach the desktop
 raises ``DesktopUnavailable`` (infrastructure); a missing file scores 0 (the agent's failure).
+
+``{"func": "infeasible"}`` (OSWorld's, no getters): the request is impossible, and the only
+judge is the agent's final action — success exactly when it declared the task infeasible
+(``protocol.FAIL_ANSWER``, from ``terminate(failure)``). As in OSWorld's ``DesktopEnv.evaluate``,
+that declaration scores 0 on every other task, whatever the state.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from cua_native.gym.desktop.client import DesktopClient
-from cua_native.gym.protocol import Evaluation, ValidatorResult
+from cua_native.gym.protocol import FAIL_ANSWER, Evaluation, ValidatorResult
 
 Getter = Callable[[DesktopClient, Mapping[str, Any]], Awaitable[Any]]
 Metric = Callable[[Any, Any], tuple[float, str]]
@@ -143,12 +148,20 @@ METRICS: dict[str, Metric] = {
 }
 
 
+INFEASIBLE = "infeasible"
+
+
 def _listed(value: Any, n: int) -> list[Any]:
     return list(value) if isinstance(value, list) else [value] * n
 
 
 def check_evaluator(evaluator: Mapping[str, Any]) -> None:
     """Raise ``EvaluatorError`` for an evaluator outside the supported subset (at task load)."""
+    if evaluator.get("func") == INFEASIBLE:
+        extra = sorted(set(evaluator) - {"func", "postconfig"})
+        if extra:
+            raise EvaluatorError(f"an 'infeasible' evaluator takes no {extra}")
+        return
     funcs = _listed(evaluator.get("func"), 1)
     for func in funcs:
         if func not in METRICS:
@@ -163,9 +176,27 @@ def check_evaluator(evaluator: Mapping[str, Any]) -> None:
         raise EvaluatorError(f"conj must be 'and' or 'or', got {evaluator.get('conj')!r}")
 
 
-async def evaluate(evaluator: Mapping[str, Any], client: DesktopClient) -> Evaluation:
-    """Run the evaluator against the desktop: one validator per metric, combined by ``conj``."""
+def _judged_by_answer(name: str, passed: bool, message: str) -> Evaluation:
+    reward = 1.0 if passed else 0.0
+    validator = ValidatorResult(name, passed, reward, message=message)
+    return Evaluation(reward=reward, success=passed, validators=(validator,))
+
+
+async def evaluate(
+    evaluator: Mapping[str, Any], client: DesktopClient, answer: str | None = None
+) -> Evaluation:
+    """Run the evaluator against the desktop: one validator per metric, combined by ``conj``.
+    ``answer`` (``protocol.final_answer`` of the agent's final action) is read only for
+    ``FAIL_ANSWER``: the whole judgement of an ``infeasible`` task, 0 on any other."""
     check_evaluator(evaluator)
+    declared = answer == FAIL_ANSWER
+    if evaluator["func"] == INFEASIBLE:
+        said = "declared it infeasible" if declared else "did not declare it infeasible"
+        return _judged_by_answer(INFEASIBLE, declared, f"the agent {said}")
+    if declared:
+        return _judged_by_answer(
+            "declared_infeasible", False, "a feasible task declared infeasible"
+        )
     funcs = _listed(evaluator["func"], 1)
     results = _listed(evaluator["result"], len(funcs))
     expected = _listed(evaluator["expected"], len(funcs))

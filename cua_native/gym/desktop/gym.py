@@ -5,7 +5,9 @@ desktop, e.g. reverting its VM, is the remote side's job).
 
 Tasks are OSWorld task JSON (``tasks.load_tasks``). ``start`` brings a desktop, runs the task's
 ``config`` set-up steps and hands out a ``DesktopExecution``: ``observe`` is the server's
-screenshot at the screen's real resolution, ``act`` maps a canonical action to pyautogui
+screenshot at the screen's real resolution (with ``accessibility_tree=True`` also the
+server's ``/accessibility`` tree on the ``Screenshot``; local desktops serve the AT-SPI tree
+unless ``accessibility=False``), ``act`` maps a canonical action to pyautogui
 commands (``actions.desktop_commands``) run through ``/execute``, ``evaluate`` runs the task's
 evaluator on the desktop's state (``evaluators``), ``close`` releases the desktop (idempotent,
 shielded from cancellation). A desktop that cannot be reached raises ``DesktopUnavailable`` (a
@@ -104,7 +106,9 @@ class DesktopExecution:
         except WireError as exc:
             raise DesktopUnavailable(f"/screenshot: not a PNG: {exc}") from exc
         self._size = (width, height)
-        return Observation(Screenshot(png=png), width, height, turn=self._turn)
+        tree = await self.client.accessibility() if self._gym.accessibility_tree else None
+        screenshot = Screenshot(png=png, accessibility_tree=tree)
+        return Observation(screenshot, width, height, turn=self._turn)
 
     async def accessibility_tree(self) -> str:
         """The desktop's accessibility tree as OSWorld's ``/accessibility`` gives it (optional
@@ -141,14 +145,15 @@ class DesktopExecution:
         return StepResult(ok=True)
 
     async def evaluate(self, answer: str | None = None) -> Evaluation:
-        """Judged from the desktop's state only; ``answer`` is ignored."""
+        """Judged from the desktop's state only; ``answer`` counts only as the agent declaring
+        the task infeasible (``FAIL_ANSWER``: OSWorld's ``infeasible`` contract, ``evaluators``)."""
         self._check_open()
         evaluator = (self._task.model_extra or {}).get("evaluator")
         if not isinstance(evaluator, dict):
             raise GymError(f"task {self._task.task_id} has no OSWorld 'evaluator'")
         postconfig = evaluator.get("postconfig", [])
         await run_steps(self._task, postconfig, self.client, self._gym.window_timeout_s)
-        return await evaluate(evaluator, self.client)
+        return await evaluate(evaluator, self.client, answer)
 
     async def close(self) -> None:
         if self._closing is None:
@@ -178,6 +183,8 @@ class DesktopGym:
         timeouts: DesktopTimeouts | dict[str, float] | None = None,
         apps: dict[str, list[str]] | None = None,
         wait_default_s: float = 1.0,
+        accessibility_tree: bool = False,
+        accessibility: bool = True,
     ) -> None:
         self._gym_id = gym_id
         self._tasks = (
@@ -190,6 +197,7 @@ class DesktopGym:
             start_timeout_s=start_timeout_s,
             listen=listen,
             osworld_main=osworld_main,
+            accessibility=accessibility,
         )
         if state_root is not None:
             local = replace(local, state_root=Path(state_root))
@@ -204,6 +212,7 @@ class DesktopGym:
         )
         self.apps = {k.lower(): list(v) for k, v in (apps or DEFAULT_APPS).items()}
         self.wait_default_s = wait_default_s
+        self.accessibility_tree = accessibility_tree
         self._free_urls: asyncio.Queue[str] | None = None
         self._remote_urls = list(remote_urls)
         self._live: set[_Lease] = set()

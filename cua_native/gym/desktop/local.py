@@ -82,6 +82,12 @@ class LocalDesktopConfig:
     osworld_main: str | None = None
     """OSWorld's own ``desktop_env/server/main.py`` to serve instead of ``osworld_server.py``
     (``osworld_launcher.py``; ``server_python`` then needs its dependencies)."""
+    accessibility: bool = True
+    """A D-Bus session per desktop with the AT-SPI bus on it, apps exposing their widgets
+    (``NO_AT_BRIDGE=0``), so ``/accessibility`` answers the real AT-SPI tree (``atspi_tree.py``
+    run with ``atspi_python``); ``False``: no bus, window frames only."""
+    atspi_python: str = "/usr/bin/python3"
+    """A Python with Debian's ``python3-pyatspi`` (``.ci/desktop.sh`` installs it)."""
 
 
 def _xauthority(path: Path, display: int, cookie: bytes) -> None:
@@ -109,6 +115,7 @@ def _make_state(config: LocalDesktopConfig) -> Path:
     config.state_root.mkdir(parents=True, exist_ok=True)
     state = config.state_root / f"{pid}-{started}-{uuid.uuid4().hex[:8]}"
     state.mkdir(mode=0o700)
+    reaper.write_manifest(state, owner_pid=pid, owner_start=started, path=str(state))
     home = state / "home"
     for sub in ("tmp", "run", "home/.config/openbox", "home/.config/libreoffice/4/user"):
         (state / sub).mkdir(parents=True, mode=0o700)
@@ -119,7 +126,10 @@ def _make_state(config: LocalDesktopConfig) -> Path:
 
 def check_installed(config: LocalDesktopConfig) -> None:
     """One ``DesktopStartError`` line naming what is missing and how to install it."""
-    missing = [b for b in ("Xvfb", config.window_manager[0]) if shutil.which(b) is None]
+    needed = ["Xvfb", config.window_manager[0], *(["dbus-daemon"] if config.accessibility else [])]
+    missing = [b for b in needed if shutil.which(b) is None]
+    if config.accessibility and not Path(config.atspi_python).exists():
+        missing.append(f"the accessibility tree's Python {config.atspi_python}")
     if not Path(config.server_python).exists():
         missing.append(f"the desktop server's Python {config.server_python}")
     if config.osworld_main and not Path(config.osworld_main).is_file():
@@ -131,7 +141,7 @@ def check_installed(config: LocalDesktopConfig) -> None:
         )
     # <root>/<pid>-<start time>-<8 hex>/server.sock must fit a Unix socket's path (107 bytes)
     longest = len(os.fsencode(config.state_root.resolve())) + len(
-        "/4194304-99999999999-12345678/server.sock"
+        "/4194304-99999999999-12345678/run/at-spi/dbus-12345678"  # the AT-SPI bus's socket
     )
     if config.listen == "unix" and longest > UNIX_PATH_MAX:
         raise DesktopStartError(
@@ -190,9 +200,22 @@ class LocalDesktop:
             "XDG_RUNTIME_DIR": str(self.state / "run"),
             "XAUTHORITY": str(self.state / "xauthority"),
             "DISPLAY": f":{self.display}" if self.display is not None else "",
-            "NO_AT_BRIDGE": "1",
+            **self._accessibility_env(),
             "GSETTINGS_BACKEND": "memory",
             reaper.MARKER: self.desktop_id,
+        }
+
+    def _accessibility_env(self) -> dict[str, str]:
+        """The desktop's own D-Bus session (the AT-SPI bus is started on it when an app asks),
+        apps' accessibility bridges on, and the server's way to read the tree."""
+        if not self.config.accessibility:
+            return {"NO_AT_BRIDGE": "1"}
+        return {
+            "DBUS_SESSION_BUS_ADDRESS": f"unix:path={self.state / 'run' / 'bus'}",
+            "NO_AT_BRIDGE": "0",
+            "GTK_MODULES": "gail:atk-bridge",  # GTK 2 apps (GTK 3 loads its bridge itself)
+            "QT_ACCESSIBILITY": "1",
+            "CUA_ATSPI_PYTHON": self.config.atspi_python,
         }
 
     async def _spawn(
@@ -247,7 +270,24 @@ class LocalDesktop:
             raise DesktopStartError(f"Xvfb gave no display number: {self._log_tail('xvfb')}")
         self.display = int(line)
         (self.state / "display").write_text(str(self.display))
+        reaper.write_manifest(self.state, display=self.display, xvfb_pid=self._xvfb.pid)
         _xauthority(xauth, self.display, cookie)
+        if self.config.accessibility:
+            bus = self.state / "run" / "bus"
+            dbus = await self._spawn(
+                [
+                    "dbus-daemon",
+                    "--session",
+                    "--nofork",
+                    "--nopidfile",
+                    f"--address=unix:path={bus}",
+                ],
+                "dbus",
+            )
+            while not bus.exists():
+                if dbus.returncode is not None:
+                    raise DesktopStartError(f"dbus-daemon exited: {self._log_tail('dbus')}")
+                await asyncio.sleep(0.02)
         await self._spawn(list(self.config.window_manager), "wm")
         port_file, sock = self.state / "server.port", self.state / "server.sock"
         listen = (

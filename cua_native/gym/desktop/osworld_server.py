@@ -20,8 +20,11 @@ use; same methods, bodies and answers):
 - ``POST /execute``, ``POST /setup/execute`` — ``{"command": [...] | "...", "shell": bool}`` →
   ``{"status", "output", "error", "returncode"}``; 500 ``{"status": "error", "message"}``.
 - ``POST /setup/launch`` — the same body, started without waiting.
-- ``GET /accessibility`` — ``{"AT": xml}``: window-level only (one ``frame`` per top-level
-  window with its title, class, position and size, in OSWorld's namespaces), not AT-SPI.
+- ``GET /accessibility`` — ``{"AT": xml}``: the AT-SPI tree in OSWorld's form
+  (``atspi_tree.py``, run with ``$CUA_ATSPI_PYTHON``, a Python with Debian's pyatspi, inside
+  the desktop's D-Bus session; 500 ``{"error"}`` when that fails). Without
+  ``$CUA_ATSPI_PYTHON``: window-level only (one ``frame`` per top-level window with its title,
+  class, position and size, in OSWorld's namespaces).
 - ``POST /screen_size`` — ``{"width", "height"}``; ``GET /platform`` — ``Linux``;
   ``GET /cursor_position`` — ``[x, y]``.
 - ``POST /file`` (form ``file_path``) — the file, or 404 ``{"error"}``;
@@ -51,6 +54,8 @@ from werkzeug.serving import make_server
 from Xlib import X, display
 
 COMMAND_TIMEOUT_S = 120
+ATSPI_TIMEOUT_S = 60
+ATSPI_SCRIPT = Path(__file__).with_name("atspi_tree.py")
 NS = {
     "st": "https://accessibility.ubuntu.example.org/ns/state",
     "attr": "https://accessibility.ubuntu.example.org/ns/attributes",
@@ -151,6 +156,21 @@ def _windows() -> list[dict[str, Any]]:
 
 
 def accessibility() -> Any:
+    python = os.environ.get("CUA_ATSPI_PYTHON")
+    if python:
+        try:
+            done = subprocess.run(
+                [python, str(ATSPI_SCRIPT)],
+                capture_output=True,
+                timeout=ATSPI_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return jsonify({"error": f"AT-SPI tree: {exc}"}), 500
+        if done.returncode != 0:
+            error = done.stderr.decode(errors="replace")[-500:]
+            return jsonify({"error": f"AT-SPI tree: {error}"}), 500
+        return jsonify({"AT": done.stdout.decode()})
     for prefix, uri in NS.items():
         ET.register_namespace(prefix, uri)
     root = ET.Element("desktop-frame")

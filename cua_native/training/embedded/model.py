@@ -2,8 +2,9 @@
 trainer and ``python -m cua_native.evaluate``, so both measure the same policy.
 
 ``cua.agent.model_path`` when it is set; else the tiny Qwen3-VL (built once, cached beside the
-run directory), warm-started on the simulator's solution paths when ``cua.warm_start.enabled``
-(cached under a key of everything the warm start depends on, so a second run reuses it). The
+run directory), warm-started when ``cua.warm_start.enabled`` on the simulator's solution paths,
+or with ``gym.kind: desktop`` on the desktop demonstrator's episodes (cached under a key of
+everything the warm start depends on, so a second run reuses it). The
 engine is the in-process one on ``cua.device``, seeded with the run's ``seed``.
 """
 
@@ -43,10 +44,19 @@ def prepare_model(loaded: LoadedConfig, *, progress: bool = True) -> StartingMod
     model_dir = resolve_model_path(cua.agent.model_path, cache)
     if cua.agent.model_path is not None or not cua.warm_start.enabled:
         return StartingModel(model_dir)
-    from cua_native.training.warmstart.demos import source_for
+    from cua_native.training.warmstart.demos import DemoSource, source_for
     from cua_native.training.warmstart.sft import WARM_START_MARKER, warm_start, warm_start_key
 
-    sim_options = cua.agent.gym.options if cua.agent.gym.kind == "sim" else {}
+    gym = cua.agent.gym
+    sim_options = gym.options if gym.kind == "sim" else {}
+    source: DemoSource = source_for(cua.agent.family, sim_options)
+    limits: dict[str, Any] = {}
+    if gym.kind == "desktop":  # the demonstrator on local desktops (docs/desktop.md)
+        from cua_native.training.warmstart.desktop import desktop_source_for
+
+        sim_options = {"desktop": gym.options}
+        source = desktop_source_for(gym.options)
+        limits = {"demo_concurrency": 2, "demo_timeout_s": cua.agent.turn_timeout_s}
     key = warm_start_key(
         cua.agent.family,
         cua.warm_start,
@@ -67,7 +77,8 @@ def prepare_model(loaded: LoadedConfig, *, progress: bool = True) -> StartingMod
         progress=progress,
         tasks=cua.tasks,
         gym_seeds=tuple(cua.warm_start.gym_seeds),
-        demo_source=source_for(cua.agent.family, sim_options),
+        demo_source=source,
+        **limits,
     )
     return StartingModel(target, dataclasses.asdict(result))
 

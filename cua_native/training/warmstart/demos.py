@@ -29,7 +29,7 @@ from areal.api.cli_args import GenerationHyperparameters
 
 from cua_native.actions import models as m
 from cua_native.actions.dialects import Dialect
-from cua_native.gym.protocol import Execution, Gym, Observation, Task
+from cua_native.gym.protocol import Execution, Gym, Observation, Task, final_answer
 from cua_native.prompts import HistoryStep, PromptBuilder, default_prompt_config
 from cua_native.rollout.agent import feedback_for
 from cua_native.rollout.dataset import TaskSource, select_tasks
@@ -116,6 +116,8 @@ def _action_thought(action: m.Action, label: str | None) -> str:
             return f'Type "{action.text}".'
         case m.OpenApp():
             return f"Open {action.name}."
+        case m.Key():  # desktops only (the simulator's paths press no keys)
+            return f"Press {'+'.join(action.keys)}."
         case m.SystemButton():
             return f"Press {action.button}."
         case m.Answer():
@@ -283,7 +285,7 @@ async def task_demos(
             turn = _demo_turn(kit, task, gym_seed, step, (action, label), built, prepared)
             demos.append(turn)
             if isinstance(action, m.Answer | m.Terminate):
-                answer = action.text if isinstance(action, m.Answer) else None
+                answer = final_answer(action)
                 break
             if early_stop is not None and step >= early_stop.first_step:
                 candidates += 1  # uniform over the eligible steps before the last

@@ -33,6 +33,7 @@ from cua_native.config import WarmStart
 from cua_native.gym.sim.gym import REWARD_OPTIONS
 from cua_native.rollout.dataset import TaskSource
 from cua_native.training.warmstart.demos import (
+    DEFAULT_TIMEOUT_S,
     DEMO_FORMAT,
     Demo,
     DemoSource,
@@ -175,6 +176,8 @@ def warm_start(
     tasks: TaskSource | None = None,
     gym_seeds: tuple[int, ...] = (0,),
     demo_source: DemoSource | None = None,
+    demo_concurrency: int = 4,
+    demo_timeout_s: float = DEFAULT_TIMEOUT_S,
     num_threads: int | None = None,
     torch_compile: bool = False,
     device: str = "cpu",
@@ -183,7 +186,8 @@ def warm_start(
 
     ``tasks`` selects the sim tasks whose solution paths become demonstrations (default: the
     training split, as ``cua.tasks`` defaults to); ``gym_seeds`` the simulator seeds they are
-    played under; ``demo_source`` makes the gym and its solver (default: the simulator).
+    played under; ``demo_source`` makes the gym and its solver (default: the simulator), which
+    plays ``demo_concurrency`` paths at once with ``demo_timeout_s`` on every call.
     ``num_threads`` sets torch's CPU threads for this process. ``torch_compile=False``
     runs AReaL's ``torch.compile``'d log-prob helper eagerly (scoped to this call): on CPU its
     compilation costs more than the whole warm start.
@@ -208,6 +212,8 @@ def warm_start(
         early_stop_share=settings.early_stop_share,
         early_stop_after=settings.early_stop_after,
         seed=settings.seed,
+        concurrency=demo_concurrency,
+        timeout_s=demo_timeout_s,
     )
     demo_start = time.perf_counter()
     demos = collect_demos(processor, spec, demo_source)

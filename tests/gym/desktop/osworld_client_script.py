@@ -6,6 +6,7 @@ import io
 import json
 import sys
 import time
+import xml.etree.ElementTree as ET
 
 from desktop_env.controllers.python import PythonController
 from PIL import Image
@@ -17,7 +18,8 @@ png = controller.get_screenshot()
 seen["screenshot_size"] = list(Image.open(io.BytesIO(png)).size) if png else None
 seen["screen_size"] = controller.get_vm_screen_size()
 seen["platform"] = controller.get_vm_platform()
-seen["tree_has_xterm"] = 'name="xterm"' in (controller.get_accessibility_tree() or "")
+tree_xml = controller.get_accessibility_tree()
+seen["tree_root"] = ET.fromstring(tree_xml).tag if tree_xml else None
 controller.execute_action(
     {"action_type": "TYPING", "parameters": {"text": "echo osworld client > ~/osworld.txt\n"}}
 )

@@ -81,12 +81,15 @@ def _screenshot_sizes(run_dir: Path) -> set[tuple[int, int]]:
 def test_evaluate_runs_on_local_desktops(short_tmp: Path) -> None:
     run_dir = short_tmp / "runs" / "desktop"
     done = _run(
-        "cua_native.evaluate", short_tmp, run_dir, "--episodes", "4", "--json", "--no-progress"
+        "cua_native.evaluate",
+        short_tmp,
+        run_dir,
+        *("--episodes", "4", "--json", "--no-progress", "cua.warm_start.enabled=false"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    # --episodes is per eval task (cua.eval_episodes_per_task): 4 on each of the 8 eval tasks
-    assert summary["episodes"] == 32 and summary["completed"] == 32, summary
+    # --episodes is per eval task (cua.eval_episodes_per_task): 4 on each of the 10 eval tasks
+    assert summary["episodes"] == 40 and summary["completed"] == 40, summary
     assert summary["rejected"] == 0 and summary["leaked_executions"] == 0, summary
     assert _screenshot_sizes(run_dir) == {(1024, 768)}  # the real screen, on the monitor
     _no_desktop_left(short_tmp)
@@ -96,7 +99,9 @@ def test_evaluate_runs_on_local_desktops(short_tmp: Path) -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_train_runs_two_steps_on_local_desktops(short_tmp: Path) -> None:
     run_dir = short_tmp / "runs" / "desktop"
-    done = _run("cua_native.train", short_tmp, run_dir, "--steps", "2", "--no-progress")
+    done = _run(
+        "cua_native.train", short_tmp, run_dir, "--steps", "2", "--no-progress", "--no-warm-start"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("step episodes"))
@@ -107,6 +112,30 @@ def test_train_runs_two_steps_on_local_desktops(short_tmp: Path) -> None:
     assert [row[:2] for row in rows] == [["0", "4"], ["1", "4"]], lines[header:]
     assert (run_dir / "checkpoints" / "version-2" / "config.json").is_file()
     assert _screenshot_sizes(run_dir) == {(1024, 768)}
+    _no_desktop_left(short_tmp)
+
+
+@needs_desktop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_train_warm_starts_on_desktop_demonstrations(short_tmp: Path) -> None:
+    """The warm start of ``configs/desktop.yaml`` (here on three of its tasks, one of them
+    infeasible, and a few steps): the demonstrator's episodes on local desktops become SFT rows,
+    the trainer starts from the warm-started model, and no desktop is left."""
+    run_dir = short_tmp / "runs" / "desktop"
+    tasks = ["terminal_hello_file", "editor_save_note", "terminal_infeasible_camera"]
+    done = _run(
+        "cua_native.train",
+        short_tmp,
+        run_dir,
+        *("--steps", "1", "--no-progress", "cua.warm_start.steps=3", "cua.tasks.split=all"),
+        f"cua.tasks.task_ids=[{','.join(tasks)}]",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [warm] = list((run_dir.parent / ".cache").glob("tiny-qwen3-vl-warm-qwen3_vl-*"))
+    report = json.loads((warm / "cua_native_warm_start.json").read_text())
+    # terminal: type + done; editor: type, ctrl+s, done; infeasible: terminate(failure)
+    assert (report["tasks"], report["demos"], report["steps"]) == (3, 6, 3), report
+    assert (run_dir / "checkpoints" / "version-1" / "config.json").is_file()
     _no_desktop_left(short_tmp)
 
 

@@ -7,21 +7,29 @@ from pathlib import Path
 
 import pytest
 
+from cua_native.actions.models import Answer, Terminate
+from cua_native.gym.desktop.client import DesktopClient, DesktopTimeouts
 from cua_native.gym.desktop.demos import DEMONSTRATIONS
 from cua_native.gym.desktop.evaluators import (
     check_include_exclude,
+    evaluate,
     exact_match,
     ods_cell,
     ods_cell_equals,
 )
 from cua_native.gym.desktop.tasks import DEFAULT_TASK_FILE, TaskFileError, load_tasks
+from cua_native.gym.protocol import FAIL_ANSWER, final_answer
 
 BLANK = DEFAULT_TASK_FILE.parent / "files" / "blank.ods"
 
 
 def test_the_shipped_tasks_load_with_their_config_and_evaluator() -> None:
     tasks = load_tasks(DEFAULT_TASK_FILE)
-    assert len(tasks) == 34
+    assert len(tasks) == 38
+    infeasible = {t.task_id for t in tasks if t.model_extra["evaluator"]["func"] == "infeasible"}
+    assert len(infeasible) == 4 and all(
+        "infeasible" in t.tags for t in tasks if t.task_id in infeasible
+    )
     apps = {t.app for t in tasks}
     assert apps == {"terminal", "text editor", "file manager", "calculator", "libreoffice calc"}
     for task in tasks:
@@ -57,3 +65,37 @@ def test_ods_cells_of_libreoffice_blank_sheet() -> None:
     assert ods_cell_equals(data, {"cell": "A1", "expected": 42})[0] == 0.0
     assert ods_cell_equals(b"not a zip", {"cell": "A1", "expected": 42})[0] == 0.0
     assert ods_cell_equals(None, {"cell": "A1", "expected": 42})[0] == 0.0
+
+
+def test_the_final_action_becomes_the_answer_evaluate_reads() -> None:
+    assert final_answer(Terminate(status="failure")) == FAIL_ANSWER
+    assert final_answer(Terminate(status="success")) is None
+    assert final_answer(Answer(text="42")) == "42"
+
+
+async def test_infeasible_tasks_are_judged_by_the_final_action_alone() -> None:
+    """OSWorld's contract: an ``infeasible`` task succeeds exactly when the agent declared it
+    infeasible, and that declaration fails every other task. Neither reads the desktop: the
+    client points at nothing, so a getter's call would raise ``DesktopUnavailable``."""
+    feasible = json.loads(DEFAULT_TASK_FILE.read_text())[0]["evaluator"]
+    gone = DesktopClient(
+        "http://127.0.0.1:9", timeouts=DesktopTimeouts(connect=0.5, read=0.5, execute=0.5)
+    )
+    try:
+        infeasible = {"func": "infeasible"}
+        assert (await evaluate(infeasible, gone, FAIL_ANSWER)).success
+        assert not (await evaluate(infeasible, gone, None)).success
+        assert not (await evaluate(infeasible, gone, "it cannot be done")).success
+        declared = await evaluate(feasible, gone, FAIL_ANSWER)
+        assert (declared.reward, declared.success) == (0.0, False)
+    finally:
+        await gone.aclose()
+
+
+def test_an_infeasible_evaluator_takes_no_getters(tmp_path: Path) -> None:
+    bad = json.loads(DEFAULT_TASK_FILE.read_text())[:1]
+    bad[0]["evaluator"]["func"] = "infeasible"
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TaskFileError, match="terminal_hello_file: an 'infeasible' evaluator"):
+        load_tasks(path)

@@ -55,10 +55,10 @@ async def gym(short_tmp: Path) -> AsyncIterator[DesktopGym]:
         await desktops.aclose()
 
 
-async def settled_success(execution: DesktopExecution) -> bool:
+async def settled_success(execution: DesktopExecution, answer: str | None) -> bool:
     async with asyncio.timeout(LIMIT_S):
         while True:
-            if (await execution.evaluate()).success:
+            if (await execution.evaluate(answer)).success:
                 return True
             await asyncio.sleep(0.2)
 
@@ -80,8 +80,8 @@ async def test_scripted_episode_against_osworlds_server(gym: DesktopGym, task_id
         observation = await execution.observe()
         assert (observation.width, observation.height) == (1024, 768)
         assert not (await execution.evaluate()).success
-        await demonstrate(execution, window_timeout_s=LIMIT_S)
-        assert await settled_success(execution)
+        answer = await demonstrate(execution, window_timeout_s=LIMIT_S)
+        assert await settled_success(execution, answer)
     finally:
         await execution.close()
     assert list(gym.local.state_root.iterdir()) == []

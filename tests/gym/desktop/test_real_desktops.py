@@ -10,11 +10,13 @@ without them. Waits are bounded polls with generous limits (the machine may be l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,14 @@ from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig, defau
 from cua_native.gym.http import HttpGym
 from cua_native.gym.protocol import GymError, Task
 from cua_native.gym.server import create_app
+from cua_native.prompts.a11y import linearize
 from cua_native.rollout.episode import InfraFailure, _guarded
 from cua_native.rollout.records import EndReason
 
 WIDTH, HEIGHT = 1024, 768
 LIMIT_S = 120.0
 HERE = Path(__file__).parent
+ATSPI_STATE = "https://accessibility.ubuntu.example.org/ns/state"
 
 needs_desktop = pytest.mark.skipif(
     shutil.which("Xvfb") is None
@@ -80,11 +84,12 @@ def owner_only_socket(path: str) -> bool:
     return socket.is_socket() and (directory.stat().st_mode & 0o777) == 0o700
 
 
-async def settled_success(execution: DesktopExecution) -> bool:
-    """Evaluate until the app's saved state shows success (apps write asynchronously)."""
+async def settled_success(execution: DesktopExecution, answer: str | None = None) -> bool:
+    """Evaluate (with the demonstration's final answer) until the app's saved state shows
+    success (apps write asynchronously)."""
     async with asyncio.timeout(LIMIT_S):
         while True:
-            if (await execution.evaluate()).success:
+            if (await execution.evaluate(answer)).success:
                 return True
             await asyncio.sleep(0.2)
 
@@ -101,8 +106,8 @@ async def test_scripted_episode_on_the_real_app(gym: DesktopGym, task_id: str) -
         assert (observation.width, observation.height) == (WIDTH, HEIGHT)
         assert observation.screenshot.png is not None
         assert not (await execution.evaluate()).success  # not solved before the agent acts
-        await demonstrate(execution, window_timeout_s=LIMIT_S)
-        assert await settled_success(execution)
+        answer = await demonstrate(execution, window_timeout_s=LIMIT_S)
+        assert await settled_success(execution, answer)
     finally:
         await execution.close()
     assert_nothing_left(gym.local.state_root, ids, displays)
@@ -133,7 +138,7 @@ async def test_osworld_own_client_against_the_server(short_tmp: Path) -> None:
     assert seen["screenshot_size"] == [WIDTH, HEIGHT]
     assert seen["screen_size"] == {"width": WIDTH, "height": HEIGHT}
     assert seen["platform"] == "Linux"
-    assert seen["tree_has_xterm"]
+    assert seen["tree_root"] == "desktop-frame"  # the AT-SPI tree (xterm itself has none)
     assert seen["file"] == "osworld client\n"
     assert "osworld.txt" in seen["listed"]
 
@@ -236,6 +241,84 @@ async def test_kill_9_of_the_owner_is_reaped_by_the_next_start(short_tmp: Path) 
     await execution.close()
     await gym.aclose()
     assert_nothing_left(root, [desktop_id, new_id], [int(display), new_display])
+
+
+OWNER_WITH_APP = """
+import asyncio, sys
+from pathlib import Path
+from cua_native.gym.desktop.client import DesktopClient
+from cua_native.gym.desktop.local import LocalDesktop, LocalDesktopConfig
+async def main():
+    desktop = await LocalDesktop.start(LocalDesktopConfig(state_root=Path(sys.argv[1])))
+    client = DesktopClient(desktop.url, uds=desktop.uds)
+    await client.launch(["xterm"])
+    print(desktop.desktop_id, desktop.display, flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def _runs(desktop_id: str, program: bytes) -> bool:
+    for pid in reaper.marked_pids(desktop_id):
+        with contextlib.suppress(OSError):
+            if program in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+    return False
+
+
+async def _killed_owner(root: Path, env: dict[str, str]) -> tuple[str, int]:
+    """A subprocess starts a desktop under ``root`` with an app on it, then gets ``kill -9``;
+    its desktop's id and display, the desktop still live."""
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", OWNER_WITH_APP, str(root), stdout=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(owner.stdout.readline(), LIMIT_S)
+        desktop_id, display = line.decode().split()
+        async with asyncio.timeout(LIMIT_S):  # until the app runs
+            while True:
+                if _runs(desktop_id, b"xterm"):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        owner.kill()  # SIGKILL: the owner gets no chance to clean up
+        await owner.wait()
+    assert len(reaper.marked_pids(desktop_id)) >= 4  # Xvfb, openbox, the server, xterm
+    assert reaper.displays_served_by(reaper.marked_pids(desktop_id)) == [int(display)]
+    return desktop_id, int(display)
+
+
+@pytest.mark.parametrize("left", ["other_root", "directory_deleted"])
+async def test_a_start_reaps_a_killed_owners_desktop_from_anywhere(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, left: str
+) -> None:
+    """A desktop of a ``kill -9``-ed owner under another state root (found through the
+    registry's manifest), or whose directory and registry entry were deleted too (found by its
+    processes' marker, its display by the socket its Xvfb listens on): the next start anywhere removes
+    its processes (the app too), display lock and socket, and home."""
+    registry = short_tmp / "registry"
+    monkeypatch.setenv(reaper.REGISTRY_ENV, str(registry))
+    old_root, new_root = short_tmp / "a", short_tmp / "b"
+    desktop_id, display = await _killed_owner(old_root, dict(os.environ))
+    state = old_root / desktop_id
+    assert reaper.read_manifest(state)["display"] == display
+    assert (registry / desktop_id).resolve() == state.resolve()
+    if left == "directory_deleted":
+        shutil.rmtree(old_root)
+        (registry / desktop_id).unlink()
+    desktop = await LocalDesktop.start(
+        LocalDesktopConfig(width=640, height=480, state_root=new_root)
+    )
+    try:
+        assert reaper.marked_pids(desktop_id) == []
+        assert not state.exists() and not (registry / desktop_id).exists()
+        assert [p.name for p in registry.iterdir()] == [desktop.desktop_id]
+    finally:
+        await desktop.close()
+    assert_nothing_left(old_root, [desktop_id, desktop.desktop_id], [display, desktop.display or 0])
+    assert_nothing_left(new_root, [], [])
+    assert list(registry.iterdir()) == []
 
 
 async def test_remote_desktops_are_lent_one_execution_at_a_time(short_tmp: Path) -> None:
@@ -353,3 +436,40 @@ async def test_the_gym_server_serves_desktops_over_http(short_tmp: Path, serve: 
             await client.aclose()
             await desktops.aclose()
     assert_nothing_left(root, [], [])
+
+
+def _text_areas(tree: str) -> list[ET.Element]:
+    """The mousepad application's editable text widgets in an ``/accessibility`` tree."""
+    root = ET.fromstring(tree)
+    [app] = [a for a in root if a.get("name") == "mousepad"]
+    return [e for e in app.iter("text") if e.get(f"{{{ATSPI_STATE}}}editable") == "true"]
+
+
+async def test_the_accessibility_tree_shows_the_apps_widgets_and_follows_an_action(
+    short_tmp: Path,
+) -> None:
+    """With ``accessibility_tree=True`` every observation carries the desktop's real AT-SPI
+    tree (mousepad's GTK widgets through the desktop's own accessibility bus): its text area
+    is there, empty, and holds the typed text after the action, as the saved file does."""
+    gym = DesktopGym(
+        width=WIDTH, height=HEIGHT, state_root=str(short_tmp / "d"), accessibility_tree=True
+    )
+    execution = await gym.start(await gym.get_task("editor_save_note"))
+    try:
+        before = (await execution.observe()).screenshot.accessibility_tree
+        assert before is not None
+        [area] = _text_areas(before)
+        assert not (area.text or "").strip()
+        assert "Mousepad" in linearize(before, 100_000)
+        assert (await execution.act(TypeText(text="Dear team"))).ok
+        async with asyncio.timeout(LIMIT_S):  # the widget's text, as the app shows it
+            while True:
+                after = (await execution.observe()).screenshot.accessibility_tree
+                assert after is not None
+                if [a.text for a in _text_areas(after)] == ["Dear team"]:
+                    break
+                await asyncio.sleep(0.2)
+        assert "\tDear team\t" in linearize(after, 100_000)
+    finally:
+        await execution.close()
+        await gym.aclose()
