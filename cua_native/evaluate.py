@@ -56,10 +56,14 @@ class CountingGym:
 
     @property
     def leaked(self) -> int:
-        """Executions started and never closed; after ``aclose``, what a server that lists its
-        executions still holds from this run's creates (orphans of timed-out creates too)."""
+        """Executions started and never closed; after ``aclose``, from a server that lists its
+        executions: what it still held from this run's creates (orphans of timed-out creates
+        too), those the client's close released counted as well (a leak, though cleaned up)."""
         held = getattr(self.inner, "held_at_close", None)
-        return held if isinstance(held, int) else self.started - self.closed
+        released = getattr(self.inner, "released_at_close", 0)
+        if isinstance(held, int):
+            return held + (released if isinstance(released, int) else 0)
+        return self.started - self.closed
 
     async def list_tasks(self) -> list[Task]:
         return await self.inner.list_tasks()

@@ -301,17 +301,12 @@ def start_gym_server(
     raise AssertionError("unreachable")
 
 
-def build_warm_start(args: argparse.Namespace, seed: int) -> None:
-    """The seed's warm start, built once before its levels run at once (they share it)."""
-    job_dir = Path(args.work) / f"seed{seed}" / "warm-build"
-    job_dir.mkdir(parents=True, exist_ok=True)
-    threads = str(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    command = [
+def one_run_command(args: argparse.Namespace, seed: int, job_dir: Path, *extra: str) -> list[str]:
+    """This script as one (seed, level) run's process (``--one``) in ``job_dir/run``."""
+    return [
         sys.executable,
         __file__,
         "--one",
-        "--warm-only",
         "--seed",
         str(seed),
         "--run-dir",
@@ -321,8 +316,18 @@ def build_warm_start(args: argparse.Namespace, seed: int) -> None:
         "--eval-episodes",
         str(args.eval_episodes),
         "--threads",
-        threads,
+        str(args.threads),
+        *extra,
     ]
+
+
+def build_warm_start(args: argparse.Namespace, seed: int) -> None:
+    """The seed's warm start, built once before its levels run at once (they share it)."""
+    job_dir = Path(args.work) / f"seed{seed}" / "warm-build"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    command = one_run_command(args, seed, job_dir, "--warm-only")
     with (job_dir / "warm.log").open("wb") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
     if done.returncode != 0:
@@ -354,30 +359,20 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
     try:
         with (job_dir / "train.log").open("wb") as log:
             train = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--one",
-                    "--seed",
-                    str(seed),
+                one_run_command(
+                    args,
+                    seed,
+                    job_dir,
                     "--level",
                     str(level),
-                    "--run-dir",
-                    str(job_dir / "run"),
                     "--gym-url",
                     url,
                     "--result",
                     str(result_path),
-                    "--steps",
-                    str(args.steps),
-                    "--eval-episodes",
-                    str(args.eval_episodes),
-                    "--threads",
-                    threads,
                     *(["--baseline"] if args.baseline else []),
                     "--engine-faults",
                     json.dumps(engine_faults(level, seed, args.engine_stall_s)),
-                ],
+                ),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -385,6 +380,8 @@ def run_job(args: argparse.Namespace, seed: int, level: float, out: Path) -> dic
             )
         listing = httpx.get(f"{url}/api/v1/sim/executions", timeout=10.0).json()
         leaks["held_executions"] = len(listing["executions"]) + len(listing["creating"])
+        # what was held, for the note: live executions and creations still running
+        leaks["held"] = {"executions": listing["executions"], "creating": listing["creating"]}
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -60,6 +60,9 @@ from cua_native.gym.wire import (
 log = logging.getLogger(__name__)
 
 BACKGROUND_WAIT_S = 30.0
+"""How long a closing client waits for its background terminates and reclaims."""
+RELEASE_POLL_S = 0.05
+"""How often a closing client asks whether its creations still running have finished."""
 
 
 class GymUnavailable(GymError):
@@ -217,6 +220,9 @@ class HttpGym:
         self.held_at_close: int | None = None
         """Set by ``aclose``: executions the server still held from this client's creates, once
         every terminate had run (``None``: unknown, e.g. genv)."""
+        self.released_at_close = 0
+        """Set by ``aclose``: live executions of this client's creates that no episode had
+        closed, found and terminated by the close's last sweep (leaks it cleaned up)."""
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -423,8 +429,47 @@ class HttpGym:
             log.exception("terminate of execution %s failed", execution_id)
             return False
 
+    async def _release_held(self) -> None:
+        """The last sweep of a closing client (servers that list executions): creations of this
+        client still running are waited for (bounded by the create timeout; past their deadline
+        the server closes them itself), then every live execution the server lists under one of
+        this client's create request ids is terminated — a create whose answer no episode used
+        (abandoned, its background reclaim cut short) leaves nothing behind."""
+        if not (await self.capabilities()).get("executions_listing"):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeouts.create
+        while True:
+            call = _Call("executions", self.timeouts.read, True)
+            data = await self._json("GET", self._gym_path("/executions"), call)
+            if not isinstance(data, dict):
+                raise GymProtocolError("executions: answer is not an object")
+            creating = [
+                c
+                for c in data.get("creating") or []
+                if isinstance(c, dict)
+                and c.get("client_request_id") in self._request_ids
+                and not c.get("expired")
+            ]
+            if not creating or loop.time() >= deadline:
+                break
+            await asyncio.sleep(RELEASE_POLL_S)
+        for entry in data.get("executions") or []:
+            if (
+                isinstance(entry, dict)
+                and entry.get("client_request_id") in self._request_ids
+                and entry.get("execution_id") is not None
+            ):
+                log.info(
+                    "releasing execution %s: created for this client, never closed",
+                    entry["execution_id"],
+                )
+                await self._terminate(str(entry["execution_id"]))
+                self.released_at_close += 1
+
     async def aclose(self) -> None:
-        """Wait (bounded) for background terminates/reclaims, note ``held_at_close``, then close
+        """Wait (bounded) for background terminates/reclaims, release what the server still
+        holds from this client's creates (``_release_held``), note ``held_at_close``, then close
         an owned pool."""
         if self._closed:
             return
@@ -434,8 +479,9 @@ class HttpGym:
                 task.cancel()
         if self._request_ids:
             try:
+                await self._release_held()
                 self.held_at_close = await self.held_executions()
-            except Exception as exc:  # the count is a report; it must not fail the close
+            except Exception as exc:  # a last sweep and a report; they must not fail the close
                 log.warning("could not ask gym %s what it still holds: %s", self.gym_id, exc)
         self._closed = True
         if self._owns_client:

@@ -167,14 +167,13 @@ async def test_a_lost_sim_execution_is_restored_to_the_same_screen_and_state() -
     assert not sim._live
 
 
-class _Drifting:
-    """The real simulator, but every start gets another phone (another seed): a gym that
-    claims exact replay falsely."""
+class _SimBehind:
+    """The real simulator behind a gym that declares exact replay; subclasses change how
+    executions start."""
 
     def __init__(self) -> None:
         self.inner = SimGym(seed=0, screenshot_size=(160, 384))
         self.gym_id = "sim"
-        self.starts = 0
 
     async def replays_exactly(self) -> bool:
         return True
@@ -186,11 +185,22 @@ class _Drifting:
         return await self.inner.get_task(task_id)
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution:
-        self.starts += 1
-        return await self.inner.start(task, {"seed": 1000 + self.starts})
+        return await self.inner.start(task, options)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class _Drifting(_SimBehind):
+    """Every start gets another phone (another seed): a gym that claims exact replay falsely."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts = 0
+
+    async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution:
+        self.starts += 1
+        return await self.inner.start(task, {"seed": 1000 + self.starts})
 
 
 async def test_a_replay_that_does_not_show_the_last_screen_is_refused() -> None:
@@ -214,28 +224,12 @@ async def test_only_a_gym_that_declares_exact_replay_is_replayed(toy: Any) -> No
     assert not await gym_replays_exactly(object())
 
 
-class _BlindActs:
-    """The real simulator, whose actions answer without a screen (as a gym may): the screen
-    last seen then comes from an ``observe`` between actions."""
-
-    def __init__(self) -> None:
-        self.inner = SimGym(seed=0, screenshot_size=(160, 384))
-        self.gym_id = "sim"
-
-    async def replays_exactly(self) -> bool:
-        return True
-
-    async def list_tasks(self) -> list[Task]:
-        return await self.inner.list_tasks()
-
-    async def get_task(self, task_id: str) -> Task:
-        return await self.inner.get_task(task_id)
+class _BlindActs(_SimBehind):
+    """Actions answer without a screen (as a gym may): the screen last seen then comes from an
+    ``observe`` between actions."""
 
     async def start(self, task: Task, options: dict[str, Any] | None = None) -> Execution:
         return _Blind(await self.inner.start(task, options))
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class _Blind:

@@ -272,6 +272,31 @@ async def test_cancelled_create_is_reclaimed_in_the_background(toy, serve) -> No
         _assert_no_leak(app, toy)
 
 
+async def test_a_closing_client_releases_what_an_abandoned_create_left(
+    toy, serve, monkeypatch
+) -> None:
+    # the cancelled create's background reclaim is cut short (the close waits for nothing in
+    # the background): the close's own sweep finds the creation by its request id, waits for
+    # it to finish and terminates it; without the sweep the execution stays live
+    monkeypatch.setattr("cua_native.gym.http.BACKGROUND_WAIT_S", 0.0)
+    toy.start_gate = asyncio.Event()
+    app = create_app({"toy": toy})
+    async with serve(app) as url:
+        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True)
+        starting = asyncio.create_task(gym.start(_task("task-001")))
+        await _until(lambda: toy.start_calls == 1, "create reached the gym")
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        closing = asyncio.create_task(gym.aclose())
+        toy.start_gate.set()
+        await asyncio.wait_for(closing, 60)
+        assert gym.held_at_close == 0
+        await asyncio.wait_for(app.state.gym_server.settle(), 60)
+        assert len(toy.started) == 1
+        _assert_no_leak(app, toy)
+
+
 async def test_many_episodes_under_random_faults_terminate_everything_exactly_once(
     toy, serve
 ) -> None:

@@ -68,6 +68,20 @@ async def test_an_execution_lost_mid_episode_is_restored_and_the_episode_complet
     assert gym.started == gym.closed == 2
 
 
+async def _recorded_run(
+    gym: Any, engine: Any, config: AgentConfig, processor: Any, store: Any, tmp_path: Path
+) -> tuple[Any, Recorder]:
+    """One episode as one training step records it: a real recorder into ``store``."""
+    recorder = Recorder([SqlSink(store, owns_store=False)], run_dir=tmp_path / "run")
+    async with recorder:
+        with TrainingMonitor(recorder, model_name="m", total_steps=1):
+            recorder.tasks_registered(await gym.list_tasks())
+            recorder.step_started(0)
+            run = await _run(gym, engine, config, processor, observer=recorder)
+            recorder.step_finished(0)
+    return run, recorder
+
+
 async def test_the_monitor_row_of_a_recovered_episode_says_what_was_recovered(
     processor: Any, scripted_engine_factory: Any, faulty_gym_factory: Any, tmp_path: Path
 ) -> None:
@@ -76,13 +90,7 @@ async def test_the_monitor_row_of_a_recovered_episode_says_what_was_recovered(
     engine = scripted_engine_factory(make_agent(config, processor).dialect, click_click_answer)
     store = MonitorStore.open(None, run_dir=tmp_path / "store")
     try:
-        recorder = Recorder([SqlSink(store, owns_store=False)], run_dir=tmp_path / "run")
-        async with recorder:
-            with TrainingMonitor(recorder, model_name="m", total_steps=1):
-                recorder.tasks_registered(await gym.list_tasks())
-                recorder.step_started(0)
-                run = await _run(gym, engine, config, processor, observer=recorder)
-                recorder.step_finished(0)
+        run, _ = await _recorded_run(gym, engine, config, processor, store, tmp_path)
         assert run.record.outcome == "completed"
         with store.session() as session:
             rollout = session.scalars(select(schema.Rollout)).one()
@@ -154,13 +162,7 @@ async def test_an_episode_rejected_at_an_action_leaves_rows_the_store_accepts(
     engine = scripted_engine_factory(make_agent(config, processor).dialect, click_click_answer)
     store = MonitorStore.open(None, run_dir=tmp_path / "store")
     try:
-        recorder = Recorder([SqlSink(store, owns_store=False)], run_dir=tmp_path / "run")
-        async with recorder:
-            with TrainingMonitor(recorder, model_name="m", total_steps=1):
-                recorder.tasks_registered(await gym.list_tasks())
-                recorder.step_started(0)
-                run = await _run(gym, engine, config, processor, observer=recorder)
-                recorder.step_finished(0)
+        run, recorder = await _recorded_run(gym, engine, config, processor, store, tmp_path)
         assert run.rejected and run.record.reject_reason == "act" and len(run.record.turns) == 2
         stats = recorder.stats()
         assert stats["monitor/sql/rejected"] == 0 and stats["monitor/dropped"] == 0
