@@ -255,16 +255,22 @@ async def test_create_hanging_past_every_attempt_leaves_no_orphan(toy, serve) ->
         _assert_no_leak(app, toy)
 
 
-async def test_cancelled_create_is_reclaimed_in_the_background(toy, serve) -> None:
+async def _cancel_a_create(url: str, toy: Any) -> HttpGym:
+    """A client whose create reached the gym (held at ``toy.start_gate``) and was cancelled."""
     toy.start_gate = asyncio.Event()
+    gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True)
+    starting = asyncio.create_task(gym.start(_task("task-001")))
+    await _until(lambda: toy.start_calls == 1, "create reached the gym")
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    return gym
+
+
+async def test_cancelled_create_is_reclaimed_in_the_background(toy, serve) -> None:
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True)
-        starting = asyncio.create_task(gym.start(_task("task-001")))
-        await _until(lambda: toy.start_calls == 1, "create reached the gym")
-        starting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await starting
+        gym = await _cancel_a_create(url, toy)
         toy.start_gate.set()
         await gym.aclose()
         await asyncio.wait_for(app.state.gym_server.settle(), 60)
@@ -279,15 +285,9 @@ async def test_a_closing_client_releases_what_an_abandoned_create_left(
     # the background): the close's own sweep finds the creation by its request id, waits for
     # it to finish and terminates it; without the sweep the execution stays live
     monkeypatch.setattr("cua_native.gym.http.BACKGROUND_WAIT_S", 0.0)
-    toy.start_gate = asyncio.Event()
     app = create_app({"toy": toy})
     async with serve(app) as url:
-        gym = HttpGym(url, "toy", retries=FAST_RETRY, timeouts=GENEROUS, idempotent_create=True)
-        starting = asyncio.create_task(gym.start(_task("task-001")))
-        await _until(lambda: toy.start_calls == 1, "create reached the gym")
-        starting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await starting
+        gym = await _cancel_a_create(url, toy)
         closing = asyncio.create_task(gym.aclose())
         toy.start_gate.set()
         await asyncio.wait_for(closing, 60)
