@@ -1,13 +1,13 @@
 """Batch-1 decode of the in-process engine: tok/s beside the HBM bound, and where one decode
 step's time goes (issue 41: batch 1 at 37.9 % of the bound, goal 50 %).
 
-The real shape: ``bench/gpu_check.py``'s random 2.13 B Qwen3-VL in bf16, one MAI-UI turn with
+The real shape: ``bench/gpu/gpu_check.py``'s random 2.13 B Qwen3-VL in bf16, one MAI-UI turn with
 three real-size screenshots (1088x2400, 7,650 image tokens), 256 new tokens, the engine's
 ``slots`` decoder as configured by default (CUDA graphs, compiled elementwise kernels).
 ``--tiny --device cpu``: the tiny model and its small screenshots, for a smoke test.
 
 1. Throughput: ``--runs`` turns per sampling mode (``greedy``; ``sample``: temperature 1.0 as
-   ``bench/gpu_prefill.py`` decodes), decode tok/s = (tokens - 1) / (latency - time to first
+   ``bench/gpu/gpu_prefill.py`` decodes), decode tok/s = (tokens - 1) / (latency - time to first
    token), median; the bound is the text weights + the row's KV read once per step at the
    copy bandwidth measured here (``gpu_check.HbmBound``).
 2. Profile: ``torch.profiler`` over one more turn per mode (all threads: the engine decodes on

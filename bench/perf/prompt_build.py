@@ -5,7 +5,7 @@ What an in-process turn costs on the CPU before the engine sees it: ``PromptBuil
 Qwen3-VL's real pixel budget (65536..16777216 px: a 1080x2400 phone screenshot becomes
 1088x2400, 10,200 patches, 2,550 tokens; a 1920x1080 desktop 1920x1088), the tiny model's
 processor (the same image processor class and template as the checkpoints'), noise screenshots
-with bars (``bench/gpu_check.py``'s kind). Each turn both builders take the same screenshot,
+with bars (``bench/gpu/gpu_check.py``'s kind). Each turn both builders take the same screenshot,
 interleaved, so machine load hits them alike; every turn's ids and tensors are checked equal.
 
 * ``old``: the builder before issue 41's prompt work: the pixel rows by a 256-entry table per
@@ -15,7 +15,7 @@ interleaved, so machine load hits them alike; every turn's ids and tensors are c
   chunks, each output byte written once; ``image_threads`` bands for the resize and the rows).
 
 Workloads: ``mai_ui`` (3 screenshots a prompt), ``qwen3_vl`` (1); ``--pad N``: the instruction
-grows by N sentences a turn as in ``bench/gpu_prefill.py`` (prompts of 10k..29k tokens: each
+grows by N sentences a turn as in ``bench/gpu/gpu_prefill.py`` (prompts of 10k..29k tokens: each
 turn then tokenizes text it has not seen), 0 keeps it fixed as in a real episode.
 
     uv run python bench/perf/prompt_build.py [--turns 20] [--pad 70] [--threads 4] [--json F]
