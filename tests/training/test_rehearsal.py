@@ -91,7 +91,8 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     assert all(s[2] is not None for s in done), steps
     # AReaL keeps generating ahead (max_head_offpolicyness): episodes made with the last
     # weights belong to a step that never trains. The training's end closes it, saying so,
-    # and cancels its rollouts: no row is left open
+    # and cancels its rollouts still running (those that finished first stay completed, a
+    # true state: which ones finish is a race with the last train step): no row is left open
     assert all(s[0] == 2 and s[1] == "failed" for s in steps if s not in done), steps
     never = _rows(db, "select error_message from step where status = 'failed'")
     assert all("never trained" in m for (m,) in never), never
@@ -100,7 +101,7 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     ahead = _rows(
         db, "select r.status from rollout r join step s on r.step_id = s.id where s.step = 2"
     )
-    assert all(status == "cancelled" for (status,) in ahead), ahead
+    assert {status for (status,) in ahead} <= {"completed", "cancelled"}, ahead
     assert {e for (e,) in _rows(db, "select status from environment")} == {"terminated"}
     # every turn's prompt was checked against what the server reported (AReaL's remote client
     # carries cua_native.engine.remote's backend, installed by the workflow; on vLLM the one
