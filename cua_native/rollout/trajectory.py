@@ -36,6 +36,7 @@ from cua_native.rollout.config import CreditConfig
 from cua_native.rollout.credit import anchor_advantages, tree_advantages
 from cua_native.rollout.credit import normalized_rewards as normalized_rewards
 from cua_native.rollout.episode import EpisodeRun
+from cua_native.rollout.pixel_palette import COMPACT_KEYS, compact, is_compact
 from cua_native.rollout.records import TurnRecord
 
 
@@ -141,7 +142,7 @@ def turn_sample(
         multi_modal_input = multi_modal_input.tensors()
     if not turn.output_ids:
         raise ValueError(f"turn {turn.index} has no output tokens")
-    if "pixel_values" not in multi_modal_input:
+    if "pixel_values" not in multi_modal_input and not is_compact(multi_modal_input):
         raise ValueError(f"turn {turn.index} has no pixel_values: every prompt holds a screenshot")
     sample = sequence_row(turn.prompt_ids, turn.output_ids, multi_modal_input, tokens)
     n_prompt, length = len(turn.prompt_ids), sample["input_ids"].shape[1]
@@ -155,7 +156,13 @@ def turn_sample(
     return sample
 
 
-_MM_KEYS = ("pixel_values", "image_grid_thw", "video_grid_thw", "pixel_values_videos")
+_MM_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "video_grid_thw",
+    "pixel_values_videos",
+    *COMPACT_KEYS,
+)
 
 
 def _row(values: np.ndarray) -> torch.Tensor:
@@ -164,7 +171,9 @@ def _row(values: np.ndarray) -> torch.Tensor:
 
 
 def episode_multi_modal_inputs(
-    pixels: Sequence[PromptPixels], dtype: torch.dtype | None = None
+    pixels: Sequence[PromptPixels],
+    dtype: torch.dtype | None = None,
+    compact_pixels: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
     """Each turn's ``multi_modal_input`` with every distinct screenshot of the episode stored
     once, in ``dtype`` (the model's; ``None`` keeps the processor's float32).
@@ -174,7 +183,10 @@ def episode_multi_modal_inputs(
     view of the rows of its images, which a history window of the latest screenshots always
     finds consecutive. Only a turn whose images are not consecutive there gets its own copy.
     Without this every turn carried its whole window: 3 copies of each screenshot with a
-    3-image history, in float32 (``bench/perf/rows.py``)."""
+    3-image history, in float32 (``bench/perf/rows.py``). ``compact_pixels``: the store is
+    compacted once (``pixel_palette.compact``) and each turn's entry holds its rows' uint8
+    indices and the palette instead of ``pixel_values`` (where the store cannot be compacted,
+    the rows as they are)."""
     index: dict[int, int] = {}
     distinct: list[Any] = []
     for prompt in pixels:
@@ -193,6 +205,7 @@ def episode_multi_modal_inputs(
         )
         for i, feature in enumerate(distinct):
             store[bounds[i] : bounds[i + 1]].copy_(feature.pixel_values)
+    packed = compact(store) if compact_pixels and store is not None else None
     out: list[dict[str, torch.Tensor]] = []
     for prompt in pixels:
         if prompt.given is not None or not prompt.features:
@@ -203,17 +216,18 @@ def episode_multi_modal_inputs(
             continue
         assert store is not None
         ids = [index[id(f)] for f in prompt.features]
+        source = store if packed is None else packed["pixel_indices"]
         if ids == list(range(ids[0], ids[0] + len(ids))):
-            values = store[bounds[ids[0]] : bounds[ids[-1] + 1]]
+            values = source[bounds[ids[0]] : bounds[ids[-1] + 1]]
         else:
-            values = torch.cat([store[bounds[i] : bounds[i + 1]] for i in ids])
+            values = torch.cat([source[bounds[i] : bounds[i + 1]] for i in ids])
         grids = [f.image_grid_thw for f in prompt.features]
-        out.append(
-            {
-                "pixel_values": values,
-                "image_grid_thw": grids[0] if len(grids) == 1 else torch.cat(grids),
-            }
-        )
+        entry = {"image_grid_thw": grids[0] if len(grids) == 1 else torch.cat(grids)}
+        if packed is None:
+            entry["pixel_values"] = values
+        else:
+            entry |= {"pixel_indices": values, **{k: packed[k] for k in COMPACT_KEYS[1:]}}
+        out.append(entry)
     return out
 
 
@@ -253,11 +267,13 @@ def group_samples(
     eps: float,
     pixel_dtype: torch.dtype | None = None,
     rewards: Sequence[Sequence[float]] | None = None,
+    compact_pixels: bool = False,
 ) -> dict[str, Any] | None:
     """All turns of a group's completed episodes as one padded AReaL tensor dict; each
     episode's screenshots stored once (``episode_multi_modal_inputs``) in ``pixel_dtype``.
     Each row's reward is its turn's entry of ``rewards`` (``credit_rewards``' per-turn
-    advantages) when given, else ``attribute_rewards``'."""
+    advantages) when given, else ``attribute_rewards``'. ``compact_pixels``: the screenshots
+    as palette indices (``pixel_palette``; for rows that leave the process)."""
     attributed = (
         rewards
         if rewards is not None
@@ -268,7 +284,7 @@ def group_samples(
         for run, rewards in zip(runs, attributed, strict=True)
         for turn, mm, reward in zip(
             run.record.turns,
-            episode_multi_modal_inputs(run.prompt_pixels, pixel_dtype),
+            episode_multi_modal_inputs(run.prompt_pixels, pixel_dtype, compact_pixels),
             rewards,
             strict=True,
         )

@@ -195,6 +195,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
         observer: EpisodeObserver | None = None,
         skip_uniform_groups: bool = False,
         replay: ReplayBuffer | None = None,
+        compact_pixels: bool = False,
     ) -> None:
         """``config`` and ``observer_factory`` (an import path of a zero-argument callable that
         returns an ``EpisodeObserver``) are serializable; ``gym``, ``processor`` and ``observer``
@@ -202,7 +203,9 @@ class CUAAgentWorkflow(RolloutWorkflow):
         ``skip_uniform_groups``: a uniform group (``trajectory.is_uniform_group``) gives no
         rows (``cua.skip_uniform_groups``). ``replay`` is the success buffer of
         ``credit.replay`` (default: one per process and config, shared by AReaL's workflow
-        objects)."""
+        objects). ``compact_pixels``: rows carry their screenshots as uint8 palette indices
+        (``pixel_palette``), for rows that cross AReaL's process boundary; the actor expands
+        them (``CUAFSDPPPOActor``)."""
         self._given_replay = replay
         self.config = (
             config if isinstance(config, AgentConfig) else AgentConfig.model_validate(config or {})
@@ -210,6 +213,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
         self.source = source
         self.observer_factory = observer_factory
         self.skip_uniform_groups = skip_uniform_groups
+        self.compact_pixels = compact_pixels
         self._given_gym = gym
         self._given_processor = processor
         self._given_observer = observer
@@ -363,6 +367,7 @@ class CUAAgentWorkflow(RolloutWorkflow):
             eps=eps,
             pixel_dtype=resources.pixel_dtype,
             rewards=rewards,
+            compact_pixels=self.compact_pixels,
         )
 
     async def play_group(

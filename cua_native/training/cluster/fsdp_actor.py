@@ -25,6 +25,10 @@ minibatch is one micro-batch, so every shared screenshot is encoded once per min
 ``max_tokens_per_mb`` set, AReaL's balancer may put an episode's rows in different
 micro-batches, and each of those encodes its own copy.
 
+Rows whose screenshots arrive compact (``rollout.pixel_palette``: uint8 indices into a
+palette, what the cluster workflow sends across AReaL's process boundary) get their
+``pixel_values`` back, bit for bit, before anything else reads the batch.
+
 The class attributes ``pack_rows`` and ``vision_once`` exist for comparisons
 (``bench/gpu/train_step_pack.py``); the trainer uses the class as it is. It runs in AReaL's
 actor worker: ``CUAPPOTrainer`` names it as the actor's engine class.
@@ -40,6 +44,7 @@ from areal.api.cli_args import MicroBatchSpec
 from areal.engine import FSDPPPOActor
 from areal.utils.data import DEFAULT_MAX_TOKENS_PER_MB, MicroBatchList
 
+from cua_native.rollout.pixel_palette import expand
 from cua_native.training.cluster.checks import packs_sequences
 from cua_native.training.packing import (
     PACKING_KWARGS,
@@ -86,6 +91,10 @@ class CUAFSDPPPOActor(FSDPPPOActor):
         return inputs, ctx
 
     def _prepare_mb_list(self, input_: dict[str, Any]) -> Any:
+        if input_.get("multi_modal_input"):  # screenshots sent compact (``pixel_palette``)
+            input_ = input_ | {
+                "multi_modal_input": [expand(e) for e in input_["multi_modal_input"]]
+            }
         rows = int(input_["attention_mask"].shape[0])
         if not self._packs():
             return self._areal_mb_list(

@@ -145,7 +145,9 @@ def plan_cluster_run(
 
     def kwargs(source: str) -> dict[str, Any]:
         played = agent if source == "step" else eval_agent
-        return workflow_kwargs(played, source=source, observer_factory=WORKER_OBSERVER)
+        # trained rows cross AReaL's process boundary: screenshots as uint8 palette indices
+        extra = {"compact_pixels": True} if source == "step" else {}
+        return workflow_kwargs(played, source=source, observer_factory=WORKER_OBSERVER, **extra)
 
     return ClusterPlan(
         train_rows=train_rows,
