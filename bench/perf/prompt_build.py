@@ -23,6 +23,9 @@ buffers (kept, as above), the new one into a buffer already written (its arithme
 a fresh 63 MB buffer's first touch on its own from ``np.empty`` (huge-page advice) and from
 ``torch.empty``, written on the same threads.
 
+The process is set up as ``train``/``evaluate`` set up theirs (``tune_for_rollouts``: glibc
+keeps blocks up to 32 MiB in its heap, so the 63 MB rows are still fresh mappings).
+
 Workloads: ``mai_ui`` (3 screenshots a prompt), ``qwen3_vl`` (1); ``--pad N``: the instruction
 grows by N sentences a turn as in ``bench/gpu/gpu_prefill.py`` (prompts of 10k..29k tokens: each
 turn then tokenizes text it has not seen), 0 keeps it fixed as in a real episode.
@@ -330,6 +333,9 @@ def main() -> None:
         specs.append((family, (width, height)))
     torch.set_num_threads(1)  # this process's torch ops stay on their calling thread
     from cua_native.models.tiny import TinySpec, build_processor, build_tokenizer
+    from cua_native.rollout.runtime import tune_for_rollouts
+
+    tune_for_rollouts()  # the allocator and GIL settings of train/evaluate's rollout processes
 
     processor = build_processor(build_tokenizer(), TinySpec(**REAL_PIXELS))
     threads = PromptBuilder(default_prompt_config("mai_ui"), processor).image_threads
