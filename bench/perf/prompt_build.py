@@ -242,6 +242,19 @@ def first_touch(buffer: np.ndarray, threads: int) -> np.ndarray:
     return buffer
 
 
+def huge_page_settings() -> dict[str, str]:
+    """The kernel's transparent-huge-page settings (``enabled``, ``defrag``; "unknown" off
+    Linux): whether NumPy's huge-page advice can stall a first touch."""
+    settings = {}
+    for name in ("enabled", "defrag"):
+        try:
+            text = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text()
+        except OSError:
+            text = "unknown"
+        settings[name] = text.strip()
+    return settings
+
+
 def kernel_alone(processor: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The rows of one 1088x2400 screenshot, each case ``args.turns`` times, interleaved; every
     fresh buffer kept until the end (as a turn's rows are)."""
@@ -280,6 +293,7 @@ def kernel_alone(processor: Any, args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"kernel alone: {name}: rows differ from the old kernel's")
     return {
         "threads": threads,
+        "transparent_hugepage": huge_page_settings(),
         "rows": count,
         "megabytes": expected.numel() * 4 / 1e6,
         "cases": {
@@ -359,7 +373,8 @@ def main() -> None:
         report["kernel_alone"] = alone
         print(
             f"\nrows of one 1088x2400 screenshot alone ({alone['rows']} rows, "
-            f"{alone['megabytes']:.1f} MB, {alone['threads']} thread(s), {args.turns} times)"
+            f"{alone['megabytes']:.1f} MB, {alone['threads']} thread(s), {args.turns} times; "
+            f"transparent huge pages {alone['transparent_hugepage']})"
         )
         for name, case in alone["cases"].items():
             print(f"  {name:<30}p50 {case['p50_ms']:7.1f} ms, CPU {case['cpu_p50_ms']:7.1f} ms")
