@@ -7,7 +7,11 @@ three real-size screenshots (1088x2400, 7,650 image tokens), 256 new tokens, the
 ``--tiny --device cpu``: the tiny model and its small screenshots, for a smoke test.
 
 1. Throughput: ``--runs`` turns per sampling mode (``greedy``; ``sample``: temperature 1.0 as
-   ``bench/gpu/gpu_prefill.py`` decodes), decode tok/s = (tokens - 1) / (latency - time to first
+   ``bench/gpu/gpu_prefill.py`` decodes) and per decode loop (``--loops``: ``overlap``, the
+   CUDA default: step t+1 launched before step t's tokens are read, and each layer's q/k/v and
+   gate/up projections run as one product each; ``unstacked``: the same without stacking;
+   ``step_by_step``: the engine before both; one engine each on the same model, their runs
+   interleaved, the ratios printed and the tokens compared), decode tok/s = (tokens - 1) / (latency - time to first
    token), median; the bound is the text weights + the row's KV read once per step at the
    copy bandwidth measured here (``gpu_check.HbmBound``).
 2. Profile: ``torch.profiler`` over one more turn per mode (all threads: the engine decodes on
@@ -54,16 +58,28 @@ from bench.gpu.gpu_check import (
     generate,
     real_size_model,
 )
-from cua_native.engine import InProcessEngine, InProcessEngineConfig
+from cua_native.engine import InProcessEngine, InProcessEngineConfig, inprocess
 from cua_native.engine.slots import SlotDecoder
 
 Figures = dict[str, Any]
 MODES: dict[str, dict[str, Any]] = {"greedy": {"greedy": True}, "sample": {"temperature": 1.0}}
-MARKS = {
+MARKS: dict[tuple[Any, str], str] = {
     (SlotDecoder, "step"): "decode.step",
     (SlotDecoder, "fill"): "decode.prefill",
     (InProcessEngine, "_sample"): "decode.sample",
+    # overlapped decode: the sampler's launch, and the read of the step in flight
+    (inprocess, "launch_sample_rows"): "decode.sample",
+    (InProcessEngine, "_apply"): "decode.sample",
 }
+LOOPS: dict[str, dict[str, bool]] = {
+    "default": {"overlap_decode": True, "stack_projections": True},
+    "unstacked": {"overlap_decode": True, "stack_projections": False},
+    "step_by_step": {"overlap_decode": False, "stack_projections": False},
+}
+"""Decode loops compared: the CUDA default (step ``t+1`` launched before step ``t``'s tokens
+are read, each layer's q/k/v and gate/up projections one product each), the same without
+stacked projections, and the engine before both (each step's tokens read before the next,
+the model's own projections)."""
 CATEGORIES = ("matmul", "attention", "norm_rope_elementwise", "sampling", "copies", "other")
 MATMUL_NAMES = ("gemm", "gemv", "cutlass", "xmma", "cublas", "nvjet", "splitk", "matmul", "mm_")
 """Kernel-name parts of matrix products (cuBLAS/cuBLASLt incl. Hopper's ``nvjet`` kernels)."""
@@ -93,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile-tokens", type=int, default=64, help="new tokens of the profiled turn"
     )
     parser.add_argument("--keep-traces", action="store_true", help="keep OUT/trace_<mode>.json")
+    parser.add_argument(
+        "--loops",
+        default=",".join(LOOPS),
+        help=f"decode loops compared, of {list(LOOPS)} (the first is the figure)",
+    )
     parser.add_argument("--real-layers", type=int, default=28)
     parser.add_argument("--real-vision-depth", type=int, default=24)
     parser.add_argument("--real-max-pixels", type=int, default=REAL_MAX_PIXELS)
@@ -106,6 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu --tiny)")
     args.modes = modes
+    loops = args.loops.split(",")
+    if not loops or any(loop not in LOOPS for loop in loops) or len(set(loops)) != len(loops):
+        parser.error(f"--loops {args.loops}: a list of distinct names from {list(LOOPS)}")
+    args.loops = loops
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -167,13 +192,23 @@ def decode_rate(engine: InProcessEngine, req: ModelRequest) -> tuple[float, list
     return rate, list(resp.output_tokens)
 
 
-def throughput(engine: InProcessEngine, req: ModelRequest, runs: int) -> Figures:
-    rates, outputs = [], []
-    for _ in range(runs):
-        rate, tokens = decode_rate(engine, req)
-        rates.append(rate)
-        outputs.append(tokens)
-    return {"tok_s": statistics.median(rates), "tok_s_runs": rates, "tokens": outputs[0]}
+def interleaved(
+    engines: dict[str, InProcessEngine], req: ModelRequest, runs: int
+) -> dict[str, Figures]:
+    """``throughput`` of each engine, their runs interleaved (the order turned each run) so
+    that drift of the machine falls on both sides alike."""
+    rates: dict[str, list[float]] = {loop: [] for loop in engines}
+    tokens: dict[str, list[int]] = {}
+    names = list(engines)
+    for run in range(runs):
+        for loop in names if run % 2 == 0 else names[::-1]:
+            rate, out = decode_rate(engines[loop], req)
+            rates[loop].append(rate)
+            tokens.setdefault(loop, out)
+    return {
+        loop: {"tok_s": statistics.median(r), "tok_s_runs": r, "tokens": tokens[loop]}
+        for loop, r in rates.items()
+    }
 
 
 def profiled_trace(engine: InProcessEngine, req: ModelRequest, path: Path) -> Figures:
@@ -393,41 +428,73 @@ def main(argv: list[str] | None = None) -> Figures:
     bound = hbm.tok_s([len(req.input_ids)]) if device.type == "cuda" else None
     report["hbm"] = hbm.figures() | {"bound_tok_s": bound}
     print(json.dumps(report))
-    config = InProcessEngineConfig(device=str(device), max_batch_size=1)
-    engine = InProcessEngine(model, processor, config=config)
-    engine.initialize()
+    engines = {
+        loop: InProcessEngine(
+            model,
+            processor,
+            config=InProcessEngineConfig(
+                device=str(device),
+                max_batch_size=1,
+                overlap_decode=LOOPS[loop]["overlap_decode"],
+                stack_projections=LOOPS[loop]["stack_projections"],
+            ),
+        )
+        for loop in args.loops
+    }
+    for engine in engines.values():
+        engine.initialize()
+    config = next(iter(engines.values())).config
     report["engine"] = {
-        "decoder": engine.decoder_kind,
+        "decoder": next(iter(engines.values())).decoder_kind,
         "cuda_graphs": config.cuda_graphs,
         "decode_compile": config.decode_compile,
+        "loops": args.loops,
     }
     out_file = args.out / "decode_profile.json"
     try:
         for mode in args.modes:
             mode_req = with_mode(req, mode)
-            decode_rate(engine, mode_req)  # warm-up: compiles, captures the graph
-            rate = throughput(engine, mode_req, args.runs)
-            trace_path = args.out / f"trace_{mode}.json"
+            for engine in engines.values():
+                decode_rate(engine, mode_req)  # warm-up: compiles, captures the graph
+            rates = interleaved(engines, mode_req, args.runs)
             profile_req = dataclasses.replace(
                 mode_req,
                 gconfig=dataclasses.replace(mode_req.gconfig, max_new_tokens=args.profile_tokens),
             )
-            trace = profiled_trace(engine, profile_req, trace_path)
-            if not args.keep_traces:
-                trace_path.unlink()
-            parts = breakdown(trace, args.top)
-            report[mode] = {
-                "tok_s": rate["tok_s"],
-                "unprofiled_step_us": 1e6 / rate["tok_s"],
-                "tok_s_runs": rate["tok_s_runs"],
-                "fraction_of_bound": None if bound is None else rate["tok_s"] / bound,
-                "first_tokens": rate["tokens"][:16],
-                "profile": parts,
-            }
-            show(mode, rate, bound, parts)
+            for loop, engine in engines.items():
+                key = mode if loop == args.loops[0] else f"{mode}/{loop}"
+                rate = rates[loop]
+                trace_path = args.out / f"trace_{key.replace('/', '_')}.json"
+                trace = profiled_trace(engine, profile_req, trace_path)
+                if not args.keep_traces:
+                    trace_path.unlink()
+                parts = breakdown(trace, args.top)
+                report[key] = {
+                    "loop": loop,
+                    "tok_s": rate["tok_s"],
+                    "unprofiled_step_us": 1e6 / rate["tok_s"],
+                    "tok_s_runs": rate["tok_s_runs"],
+                    "fraction_of_bound": None if bound is None else rate["tok_s"] / bound,
+                    "first_tokens": rate["tokens"][:16],
+                    "same_tokens_as_first_loop": rate["tokens"] == rates[args.loops[0]]["tokens"],
+                    "profile": parts,
+                }
+                show(key, rate, bound, parts)
+            if len(engines) > 1:
+                first, *others = args.loops
+                report[mode]["ratio_to"] = {
+                    loop: rates[first]["tok_s"] / rates[loop]["tok_s"] for loop in others
+                }
+                for loop in others:
+                    print(
+                        f"[{mode}] {first} / {loop}: x{report[mode]['ratio_to'][loop]:.2f} "
+                        f"(interleaved runs; same tokens: "
+                        f"{report[f'{mode}/{loop}']['same_tokens_as_first_loop']})"
+                    )
             out_file.write_text(json.dumps(report, indent=2))
     finally:
-        engine.destroy()
+        for engine in engines.values():
+            engine.destroy()
     print(f"\nwrote {out_file}")
     return report
 

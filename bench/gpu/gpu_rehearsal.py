@@ -118,6 +118,36 @@ def step_figures(db: Path) -> list[dict[str, float]]:
     return figures
 
 
+def rpc_summary(folder: Path) -> list[dict[str, object]]:
+    """Per actor call the controller made (``compute_logp``, ``ppo_update``, ...): its round
+    trip as the controller saw it, and the seconds the worker spent inside it per timed
+    function (the actor method, the engine's model work, AReaL's tensor transport)."""
+    records = [
+        json.loads(line) | {"pid": path.stem}
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    calls = sorted(
+        (r for r in records if r["label"] == "TrainController._custom_function_call"),
+        key=lambda r: r["start"],
+    )
+    rows: list[dict[str, object]] = []
+    for call in calls:
+        lo, hi = call["start"], call["start"] + call["dur"]
+        inside: dict[str, float] = {}
+        for r in records:
+            if r is not call and r["label"] != call["label"] and lo <= r["start"] <= hi:
+                side = "controller" if r["pid"] == call["pid"] else "worker"
+                key = f"{side}:{r['label']}"
+                inside[key] = inside.get(key, 0.0) + r["dur"]
+        rows.append(
+            {"method": call["method"], "round_trip_s": round(call["dur"], 3)}
+            | {k: round(v, 3) for k, v in sorted(inside.items())}
+        )
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -126,6 +156,12 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--vision-depth", type=int, default=24)
     parser.add_argument("--timeout", type=float, default=480)
+    parser.add_argument(
+        "--rpc-timing",
+        action="store_true",
+        help="time each actor call: the controller's round trip, the worker's model work and "
+        "AReaL's tensor transport (gpu_site/sitecustomize.py), summarised per call",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     out = Path(args.out)
@@ -141,6 +177,11 @@ def main() -> int:
         [str(HERE / "gpu_site"), str(ROOT), env.get("PYTHONPATH", "")]
     )
     run_dir = out / "run"
+    timing_dir = out / "rpc_timing"
+    if args.rpc_timing:
+        shutil.rmtree(timing_dir, ignore_errors=True)
+        timing_dir.mkdir()
+        env["CUA_RPC_TIMING_DIR"] = str(timing_dir)
     cmd = [
         sys.executable,
         "-m",
@@ -185,6 +226,8 @@ def main() -> int:
     db = run_dir / "monitor.db"
     if db.is_file():
         result["steps"] = step_figures(db)
+    if args.rpc_timing:
+        result["actor_calls"] = rpc_summary(timing_dir)
     (out / "gpu_rehearsal.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     # every log flat at the top of OUT (the device brings back only shallow folders): the

@@ -53,7 +53,15 @@ from transformers import PreTrainedModel
 
 from cua_native.engine.batch import BatchDecoder, RowInput
 from cua_native.engine.inputs import PreparedInput, VisionSpec, prepare_input
-from cua_native.engine.sampling import LOGPROB_MODES, SampledToken, SamplingParams, sample_rows
+from cua_native.engine.overlap import InFlightStep
+from cua_native.engine.sampling import (
+    LOGPROB_MODES,
+    SampledToken,
+    SamplingParams,
+    batchable,
+    launch_sample_rows,
+    sample_rows,
+)
 from cua_native.engine.slots import SlotDecoder
 from cua_native.engine.text_step import unsupported_reason
 from cua_native.engine.vision_cache import CachedVisionForward, VisionCache
@@ -102,6 +110,16 @@ class InProcessEngineConfig:
     (first come, first served; one row always runs). ``None``: on CUDA, 75 % of the memory
     free when the worker starts (the rest for the prefill's activations and the vision
     cache); no limit on CPU."""
+    overlap_decode: bool | None = None
+    """Launch each decode step before reading the previous step's tokens (``slots``
+    decoder, while every row samples without top-k/top-p; ``overlap.py``): the host's
+    read-back and bookkeeping run while the device computes, with the same results.
+    ``None``: on CUDA (on CPU the steps run synchronously, so nothing overlaps)."""
+    stack_projections: bool | None = None
+    """Run each layer's query/key/value and gate/up projections as one product each in the
+    ``slots`` decode step (``stacked_weights.py``: a stacked copy of those weights, about
+    45 % of a Qwen3 text stack's, refreshed after every weight update). ``None``: on CUDA,
+    where small matrix products read their weights far below the memory's speed."""
     vision_cache_mb: int = 2048
     """Most MiB of vision-encoder outputs kept by image content (``vision_cache.py``; Qwen3-VL
     shaped models), so a screenshot shown by several prompts is encoded once; 0: off."""
@@ -203,6 +221,9 @@ class InProcessEngine(InferenceEngine):
         self._failure: BaseException | None = None
         self._running_rows = 0
         self.decoder_kind = self._pick_decoder()
+        overlap = self.config.overlap_decode
+        self._overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._inflight: InFlightStep[_Job] | None = None  # the worker's own
         self.vision_cache = (
             VisionCache(self.config.vision_cache_mb * 2**20)
             if self.config.vision_cache_mb > 0 and CachedVisionForward.supports(self.model)
@@ -605,6 +626,9 @@ class InProcessEngine(InferenceEngine):
             self.config.decode_compile,
             self.vision_cache,
             None if self.config.kv_cache_gib is None else int(self.config.kv_cache_gib * 2**30),
+            self.device.type == "cuda"
+            if self.config.stack_projections is None
+            else self.config.stack_projections,
         )
 
     def _worker(self) -> None:
@@ -613,20 +637,28 @@ class InProcessEngine(InferenceEngine):
             decoder = self._new_decoder()
             with torch.inference_mode():
                 while True:
+                    if self._gen_paused:  # deliver what the step in flight finished first
+                        active = self._drain(decoder, active)
                     op, new_jobs, stop = self._take_work(
                         active, decoder.fits if isinstance(decoder, SlotDecoder) else None
                     )
                     if stop:
                         break
+                    if op is not None or new_jobs or self._abort_running or self._gen_paused:
+                        active = self._drain(decoder, active)
+                    if any(j.cancelled for j in active):
+                        active = self._drain(decoder, active)
                     if op is not None:
                         self._run_op(op)
                         if op.invalidates_cache:
+                            if isinstance(decoder, SlotDecoder):
+                                decoder.weights_changed()
                             for job in active:
                                 job.needs_prefill = True
                         continue
                     active = active + new_jobs
                     if self._take_abort() or (self._gen_paused and self.config.abort_on_pause):
-                        self._finish(active, "abort")
+                        self._finish(self._drain(decoder, active), "abort")
                         active = []
                         decoder.reset()
                         continue
@@ -690,6 +722,12 @@ class InProcessEngine(InferenceEngine):
 
     def _advance_slots(self, decoder: SlotDecoder, active: list[_Job]) -> list[_Job]:
         """Continuous batching: prefill one group of waiting rows, or step every row."""
+        if any(job.needs_prefill for job in active):
+            active = self._drain(decoder, active)
+        elif self._overlap and all(batchable(job.params) for job in active):
+            return self._overlapped_step(decoder, active)
+        else:
+            active = self._drain(decoder, active)
         version = self.get_version()
         # shortest first: the median row's first token comes sooner, the total is the same
         waiting = sorted(
@@ -720,6 +758,57 @@ class InProcessEngine(InferenceEngine):
             return active
         return self._retain(decoder, active, [i for i in range(len(active)) if i not in finished])
 
+    def _overlapped_step(self, decoder: SlotDecoder, active: list[_Job]) -> list[_Job]:
+        """Launch a step for every row on the tokens of the step in flight (or, after a
+        prefill, the host's), then read the step in flight (``overlap.py``)."""
+        previous = self._inflight
+        tokens = [job.tokens[-1] for job in active] if previous is None else previous.next_tokens()
+        unread = 0 if previous is None else 1
+        logits = decoder.step(tokens, self._horizon(active))
+        sample = launch_sample_rows(
+            logits,
+            [job.params for job in active],
+            [len(job.tokens) + unread for job in active],
+            [self._uniform(job) for job in active],
+        )
+        self._inflight = InFlightStep(list(active), sample, self.get_version())
+        if previous is None:
+            return active
+        return self._apply(decoder, active, previous)
+
+    def _drain(self, decoder: BatchDecoder | SlotDecoder, active: list[_Job]) -> list[_Job]:
+        """Read the step in flight, if any: its rows get their tokens, stopped rows leave."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None or not isinstance(decoder, SlotDecoder):
+            return active
+        return self._apply(decoder, active, inflight)
+
+    def _apply(
+        self, decoder: SlotDecoder, active: list[_Job], step: InFlightStep[_Job]
+    ) -> list[_Job]:
+        """Give ``step``'s rows their tokens (rows that stopped before it drop theirs) and
+        remove the rows that stop from ``active`` and the decoder (and the step now in
+        flight follows the new order)."""
+        now = time.perf_counter()
+        for job, token in step.read():
+            if job.stop_reason is None:
+                self._take_token(job, token, step.version, now)
+        kept = [i for i, job in enumerate(active) if job.stop_reason is None]
+        if len(kept) == len(active):
+            return active
+        order = decoder.retain(kept, len(active))
+        if self._inflight is not None:
+            if order:
+                self._inflight.follow(order)
+            else:  # no row runs on: the step in flight has nothing to give
+                self._inflight = None
+        return [active[i] for i in order]
+
+    @staticmethod
+    def _uniform(job: _Job) -> float:
+        """The row's next random draw (one per step, from its own generator)."""
+        return float(torch.rand((), generator=job.generator, dtype=torch.float64))
+
     @staticmethod
     def _horizon(active: list[_Job]) -> int:
         """The most positions any running row can reach (prompt + max_new_tokens)."""
@@ -730,9 +819,7 @@ class InProcessEngine(InferenceEngine):
     ) -> list[int]:
         """Sample one token for each of ``active[rows]`` (``logits`` row ``j`` is
         ``rows[j]``), finish the rows that stop; returns the rows still running."""
-        uniforms = [
-            float(torch.rand((), generator=active[i].generator, dtype=torch.float64)) for i in rows
-        ]
+        uniforms = [self._uniform(active[i]) for i in rows]
         picked: list[SampledToken] = sample_rows(
             logits,
             [active[i].params for i in rows],
@@ -740,20 +827,23 @@ class InProcessEngine(InferenceEngine):
             uniforms,
         )
         now = time.perf_counter()
+        return [
+            i
+            for i, token in zip(rows, picked, strict=True)
+            if self._take_token(active[i], token, version, now)
+        ]
+
+    def _take_token(self, job: _Job, token: SampledToken, version: int, now: float) -> bool:
+        """Append ``token`` to ``job``; finish the job if it stops. Whether it runs on."""
         truncated = self.config.logprob_mode == "truncated"
-        still: list[int] = []
-        for i, token in zip(rows, picked, strict=True):
-            job = active[i]
-            job.tokens.append(token.token)
-            job.logprobs.append(token.truncated_logprob if truncated else token.logprob)
-            job.versions.append(version)
-            job.times.append(now)
-            reason = self._stop_reason(job)
-            if reason is None:
-                still.append(i)
-            else:
-                self._finish([job], reason)
-        return still
+        job.tokens.append(token.token)
+        job.logprobs.append(token.truncated_logprob if truncated else token.logprob)
+        job.versions.append(version)
+        job.times.append(now)
+        reason = self._stop_reason(job)
+        if reason is not None:
+            self._finish([job], reason)
+        return reason is None
 
     @staticmethod
     def _stop_reason(job: _Job) -> StopReason | None:

@@ -203,24 +203,71 @@ def sample_rows(
     rows share the batch (``tests/engine/test_sampling.py`` checks equality).
     """
     out: list[SampledToken | None] = [None] * len(params)
-    simple = [i for i, p in enumerate(params) if p.greedy or not p.restricts]
+    simple = [i for i, p in enumerate(params) if batchable(p)]
     for i in range(len(params)):
         if i not in simple:
             out[i] = sample_token(logits[i], params[i], generated[i], uniforms[i])
     if simple:
-        _sample_simple(logits, params, generated, uniforms, simple, out)
+        picked = _launch_simple(logits, params, generated, uniforms, simple).read()
+        for i, token in zip(simple, picked, strict=True):
+            out[i] = token
     return [s for s in out if s is not None]
 
 
-def _sample_simple(
+def batchable(params: SamplingParams) -> bool:
+    """Whether a row samples on the device with no host decision (no top-k/top-p)."""
+    return params.greedy or not params.restricts
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedSample:
+    """Tokens sampled on the device whose values the host has not read yet.
+
+    ``tokens`` (``[rows]``, long, on the logits' device) can feed the next decode step
+    before the host sees them; ``read`` waits for the one copy to the host and returns what
+    ``sample_rows`` would have returned for these rows.
+    """
+
+    tokens: torch.Tensor
+    values: torch.Tensor
+    """``[rows, 4]`` float64 on the host (pinned on CUDA, filled by an asynchronous copy):
+    full log-prob, truncated log-prob, token, whether any token was allowed."""
+    ready: torch.cuda.Event | None
+    """Recorded after the copy (``None``: the copy was synchronous)."""
+
+    def read(self) -> list[SampledToken]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        values = self.values.tolist()
+        if not all(row[3] for row in values):
+            raise ValueError("every token is banned: cannot sample (check stop_token_ids).")
+        return [
+            SampledToken(token=int(token), logprob=float(lp), truncated_logprob=float(tlp))
+            for lp, tlp, token, _ in values
+        ]
+
+
+def launch_sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generated: Sequence[int],
+    uniforms: Sequence[float],
+) -> LaunchedSample:
+    """``sample_rows`` for rows that are all ``batchable``, without waiting for the device:
+    the same kernels, the result read later (``LaunchedSample.read``)."""
+    if not all(batchable(p) for p in params):
+        raise ValueError("launch_sample_rows needs rows without top-k/top-p")
+    return _launch_simple(logits, params, generated, uniforms, list(range(len(params))))
+
+
+def _launch_simple(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generated: Sequence[int],
     uniforms: Sequence[float],
     rows: list[int],
-    out: list[SampledToken | None],
-) -> None:
-    """Whole-batch kernels for ``rows``; the host waits once, for the final transfer.
+) -> LaunchedSample:
+    """Whole-batch kernels for ``rows``; nothing waits for the device.
 
     The per-row inputs (temperatures, draws, banned ids) travel to the device in one
     float64 tensor (every value is exact there: float64 draws, temperatures rounded to
@@ -288,11 +335,11 @@ def _sample_simple(
             some_allowed[:, None].double(),
         ],
         dim=1,
-    ).tolist()
-    if not all(row[3] for row in values):
-        raise ValueError("every token is banned: cannot sample (check stop_token_ids).")
-    for j, i in enumerate(rows):
-        logprob, truncated_logprob, token, _ = values[j]
-        out[i] = SampledToken(
-            token=int(token), logprob=float(logprob), truncated_logprob=float(truncated_logprob)
-        )
+    )
+    if not logits.is_cuda:
+        return LaunchedSample(tokens=tokens, values=values.cpu(), ready=None)
+    on_host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    on_host.copy_(values, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return LaunchedSample(tokens=tokens, values=on_host, ready=ready)

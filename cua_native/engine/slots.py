@@ -32,6 +32,7 @@ class SlotDecoder:
         compiled: bool = False,
         vision_cache: VisionCache | None = None,
         kv_budget_bytes: int | None = None,
+        stacked: bool = False,
     ) -> None:
         self._device = device
         dtype = model.get_output_embeddings().weight.dtype
@@ -39,7 +40,9 @@ class SlotDecoder:
         graphs = cuda_graphs and device.type == "cuda"
         # compiled elementwise kernels only inside graphs: eager, their guards would cost
         # more host time per step than the launches they save
-        self._stack = TextStack(model, self.attention, compiled=compiled and graphs)
+        self._stack = TextStack(
+            model, self.attention, compiled=compiled and graphs, stacked=stacked
+        )
         self._prefiller = BatchDecoder(model, device, pad_id, vision_cache)
         self._arena = KVArena(
             self._stack.layers,
@@ -116,20 +119,30 @@ class SlotDecoder:
         self._prefiller.reset()
         return logits
 
-    def step(self, tokens: list[int], horizon: int | None = None) -> torch.Tensor:
-        """Feed one token per row; next-token logits ``[rows, vocab]``."""
+    def step(self, tokens: list[int] | torch.Tensor, horizon: int | None = None) -> torch.Tensor:
+        """Feed one token per row; next-token logits ``[rows, vocab]``.
+
+        ``tokens``: host ints, or a ``[rows]`` long tensor already on the device (the
+        previous step's sampled tokens, fed without the host reading them)."""
         n = self.size
         if len(tokens) != n or n == 0 or not all(self._lengths):
             raise ValueError(f"step needs {n} tokens, got {len(tokens)}")
         self._arena.ensure(n, max(self._lengths) + 1, horizon)
         batch = batch_bucket(n)
         pad = batch - n
+        on_device = isinstance(tokens, torch.Tensor)
         host = torch.tensor(
-            [tokens + [0] * pad, self._next_pos + [0] * pad, self._lengths + [0] * pad],
+            ([] if on_device else [list(tokens) + [0] * pad])
+            + [self._next_pos + [0] * pad, self._lengths + [0] * pad],
             dtype=torch.long,
         )
         packed = host.pin_memory() if self._device.type == "cuda" else host
-        tokens_t, positions_t, write_t = packed.to(self._device, non_blocking=True)
+        moved = packed.to(self._device, non_blocking=True)
+        if isinstance(tokens, torch.Tensor):
+            tokens_t = torch.nn.functional.pad(tokens, (0, pad))
+            positions_t, write_t = moved
+        else:
+            tokens_t, positions_t, write_t = moved
         inputs = StepInputs(tokens=tokens_t, positions=positions_t, write=write_t)
         if self._graphs is not None:
             logits = self._graphs.run(self._arena, batch, inputs)
@@ -138,6 +151,10 @@ class SlotDecoder:
         self._lengths = [x + 1 for x in self._lengths]
         self._next_pos = [x + 1 for x in self._next_pos]
         return logits[:n]
+
+    def weights_changed(self) -> None:
+        """The model's weights were updated in place: refresh what the step keeps of them."""
+        self._stack.weights_changed()
 
     def retain(self, keep: list[int], total: int) -> list[int]:
         """Keep rows ``keep`` (increasing indices) of a batch of ``total``; returns

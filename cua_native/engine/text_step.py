@@ -37,6 +37,7 @@ from transformers import PreTrainedModel
 
 from cua_native.engine.decode_ops import DecodeOps
 from cua_native.engine.kv_arena import KVArena
+from cua_native.engine.stacked_weights import StackedLinear
 
 SUPPORTED_TEXT_MODELS = ("qwen3", "qwen3_vl_text")
 ATTENTION_KINDS = ("auto", "flash", "matmul")
@@ -115,7 +116,11 @@ class TextStack:
     """The decode step of one model; see the module docstring."""
 
     def __init__(
-        self, model: PreTrainedModel, attention: str = "matmul", compiled: bool = False
+        self,
+        model: PreTrainedModel,
+        attention: str = "matmul",
+        compiled: bool = False,
+        stacked: bool = False,
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -136,6 +141,39 @@ class TextStack:
             all(hasattr(layer.mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
             for layer in self._text.layers
         )
+        layers = self._text.layers
+        self._qkv = [
+            StackedLinear.of(a.q_proj, a.k_proj, a.v_proj) if stacked else None
+            for a in (layer.self_attn for layer in layers)
+        ]
+        """Per layer, its query/key/value projections as one product (``stacked``)."""
+        self._gate_up = [
+            StackedLinear.of(layer.mlp.gate_proj, layer.mlp.up_proj)
+            if stacked and self._fused_mlp
+            else None
+            for layer in layers
+        ]
+        """Per layer, its MLP's gate/up projections as one product (``stacked``)."""
+
+    @property
+    def stacked(self) -> bool:
+        """Whether any layer's projections run stacked (``stacked_weights.py``)."""
+        return any(s is not None for s in self._qkv + self._gate_up)
+
+    def weights_changed(self) -> None:
+        """The model's weights were updated: refresh the stacked copies (in place)."""
+        for stack in self._qkv + self._gate_up:
+            if stack is not None:
+                stack.refresh()
+
+    def _project_qkv(
+        self, index: int, attn: Any, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        stack = self._qkv[index]
+        if stack is None:
+            return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q, k, v = stack(x)
+        return q, k, v
 
     def warm_up(self, device: torch.device, batches: tuple[int, ...] = (1, 2, 4)) -> None:
         """Run ``ops`` on stand-in rows of ``batches`` sizes, with the step's layouts and
@@ -153,14 +191,16 @@ class TextStack:
             if norm is not None:  # distinct tensors: dynamo guards on arguments aliasing
                 self.ops.norm(hidden, *norm)
                 self.ops.add_norm(hidden, hidden.clone(), *norm)
-            self._qk_rope(
-                first.self_attn,
-                torch.zeros((batch, self.heads * self.head_dim), dtype=dtype, device=device),
-                torch.zeros((batch, self.kv_heads * self.head_dim), dtype=dtype, device=device),
-                cos,
-                sin,
-            )
-            if self._fused_mlp:
+            if self._qkv[0] is not None:  # the layouts the step passes: views of one product
+                q, k, _ = self._project_qkv(0, first.self_attn, hidden)
+            else:
+                q = torch.zeros((batch, self.heads * self.head_dim), dtype=dtype, device=device)
+                k = torch.zeros((batch, self.kv_heads * self.head_dim), dtype=dtype, device=device)
+            self._qk_rope(first.self_attn, q, k, cos, sin)
+            stack = self._gate_up[0]
+            if stack is not None:
+                self.ops.silu_mul(*stack(hidden))
+            elif self._fused_mlp:
                 gate = first.mlp.gate_proj(hidden)
                 self.ops.silu_mul(gate, gate.clone())
 
@@ -205,9 +245,13 @@ class TextStack:
         pair: tuple[torch.Tensor, torch.Tensor] = self.ops.add_norm(hidden, delta, *found)
         return pair
 
-    def _mlp(self, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor
-        if not self._fused_mlp:
+        stack = self._gate_up[index]
+        if stack is not None:
+            gate, up = stack(x)
+            out = mlp.down_proj(self.ops.silu_mul(gate, up))
+        elif not self._fused_mlp:
             out = mlp(x)
         else:
             out = mlp.down_proj(self.ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
@@ -226,8 +270,9 @@ class TextStack:
         normed = self._normed(layers[0].input_layernorm, hidden)
         for index, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k = self._qk_rope(attn, attn.q_proj(normed), attn.k_proj(normed), cos, sin)
-            v = attn.v_proj(normed).view(batch, self.kv_heads, self.head_dim)
+            q_in, k_in, v_in = self._project_qkv(index, attn, normed)
+            q, k = self._qk_rope(attn, q_in, k_in, cos, sin)
+            v = v_in.view(batch, self.kv_heads, self.head_dim)
             keys, values = arena.keys[index][:batch], arena.values[index][:batch]
             self._write(keys, k, slots)
             self._write(values, v, slots)
@@ -235,7 +280,9 @@ class TextStack:
             delta = attn.o_proj(out.reshape(batch, self.heads * self.head_dim))
             hidden, normed = self._add_normed(hidden, delta, layer.post_attention_layernorm)
             following = layers[index + 1].input_layernorm if index + 1 < len(layers) else text.norm
-            hidden, normed = self._add_normed(hidden, self._mlp(layer.mlp, normed), following)
+            hidden, normed = self._add_normed(
+                hidden, self._mlp(index, layer.mlp, normed), following
+            )
         logits: torch.Tensor = self._head(normed)
         return logits
 

@@ -42,6 +42,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 
 def make_engine(tiny: Tiny, **config: Any) -> InProcessEngine:
+    """A started engine on the tiny model. Overlapped decode and stacked projections are on
+    unless a test says otherwise: they are the path CUDA takes by default, and on CPU only
+    tests reach them (``test_overlap.py`` and ``test_stacked_weights.py`` compare them with
+    the plain step)."""
+    config.setdefault("overlap_decode", True)
+    config.setdefault("stack_projections", True)
     engine = InProcessEngine(
         copy.deepcopy(tiny.model), tiny.processor, config=InProcessEngineConfig(**config)
     )

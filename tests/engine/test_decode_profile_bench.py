@@ -36,7 +36,13 @@ def test_cpu_smoke_run_writes_a_breakdown(bench: ModuleType, tmp_path: Path) -> 
     greedy = saved["greedy"]
     assert greedy["tok_s"] > 0 and greedy["fraction_of_bound"] is None  # no bound on CPU
     profile = greedy["profile"]
-    assert profile["steps"] == 12 - 1 - 3  # the first token is the prefill's; steps 3..
+    # the first token is the prefill's; steps 3.. counted; the overlapped loop (the figure)
+    # launches one more step after the last token, the step-by-step loop does not
+    assert greedy["loop"] == "default" and profile["steps"] == 12 - 3
+    assert saved["greedy/unstacked"]["profile"]["steps"] == 12 - 3
+    plain = saved["greedy/step_by_step"]
+    assert plain["profile"]["steps"] == 12 - 1 - 3
+    assert plain["same_tokens_as_first_loop"] and saved["greedy"]["ratio_to"]["step_by_step"] > 0
     assert sum(profile["share_of_step"].values()) == pytest.approx(1.0)
     assert profile["category_us"]["matmul"] > 0 and profile["top_kernels"]
     assert (tmp_path / "trace_greedy.json").exists()
