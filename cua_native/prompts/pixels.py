@@ -82,8 +82,9 @@ def compute_features(image_processor: Any, image: PreparedImage) -> ImageFeature
 
 
 ROWS_PER_CHUNK = 256
-"""Patch rows normalised per step of ``PixelKernel``: a chunk's float32 scratch (~0.8 MB at
-patch 16) stays in cache, so each output byte is written once, straight from it."""
+"""Patch rows ``PixelKernel`` aims to reorder and normalise per step (rounded to whole rows of
+merge blocks, at least one): the step's uint8 and float32 scratch (~0.5 MB at patch 16) stays
+in cache, so each output byte is written once, straight from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +130,14 @@ class PixelKernel:
 
     Plain NumPy on purpose: it runs in worker threads next to the event loop, and torch's
     intra-op thread pool, entered from several threads at once, spends more time spinning than
-    computing on images this small. The image's uint8 patches are laid out in the processor's
-    row order with one copy; then, ``ROWS_PER_CHUNK`` rows at a time, they are cast to float32,
-    rescaled and normalised with the image processor's own float32 steps (``Normalization``:
-    elementwise IEEE arithmetic, so bit-identical; ``for_image_processor`` checks it) in a
-    scratch buffer that stays in cache, and written to both temporal slots of the output. Each
-    output byte is written once (the float32 rows are 8x the image's bytes and dominate)."""
+    computing on images this small; it changes no thread setting. One step per row of merge
+    blocks (or a few: ``ROWS_PER_CHUNK``): the step's uint8 patches are reordered into the
+    processor's row order in a small scratch buffer, cast to float32, rescaled and normalised
+    with the image processor's own float32 steps (``Normalization``: elementwise IEEE
+    arithmetic, so bit-identical; ``for_image_processor`` checks it) in a second one, and
+    written to the output once, both temporal slots in one sequential copy (a still image is
+    its own temporal repeat). Only the output is large (the float32 rows are 8x the image's
+    bytes); it comes from torch's allocator, not NumPy's (see ``rows``)."""
 
     patch: int
     merge: int
@@ -192,11 +195,24 @@ class PixelKernel:
             raise ValueError(f"the pixel kernel expects an RGB image, got mode {image.mode}")
         return self.rows(np.asarray(image, dtype=np.uint8), threads)
 
-    def rows(self, pixels: np.ndarray, threads: int = 1) -> ImageFeatures:
-        """The rows of an ``(H, W, C)`` uint8 image. ``threads`` > 1 splits the image into
-        that many bands of whole merge blocks (a band's rows are a contiguous run of the
-        output) computed on threads; NumPy releases the GIL in its copies and arithmetic, and
-        every value is the same whichever thread computes it."""
+    def rows(
+        self, pixels: np.ndarray, threads: int = 1, out: torch.Tensor | None = None
+    ) -> ImageFeatures:
+        """The rows of an ``(H, W, C)`` uint8 image.
+
+        ``threads`` > 1 splits the image into that many bands of whole rows of merge blocks
+        (a band's rows are a contiguous run of the output) computed on threads of a pool made
+        for the call; NumPy releases the GIL in its copies and arithmetic, and every value is
+        the same whichever thread computes it. Each thread also takes the page faults of its
+        share of a fresh output.
+
+        ``out``: a contiguous float32 ``(patches, channels·temporal·patch²)`` tensor to write
+        the rows into (returned as ``pixel_values``); by default a new one from
+        ``torch.empty``. Not ``np.empty``: NumPy advises huge pages for arrays of 4 MiB and
+        more, and where the kernel's huge-page defragmentation is ``madvise`` (a common
+        default) each first touch of such a buffer may wait for the kernel to compact memory
+        (``bench/perf/prompt_build.py`` measures both; the figures are in the prompt-build
+        section of ``bench/gpu/results/engine-at-concurrency/README.md``)."""
         patch, merge, temporal = self.patch, self.merge, self.temporal
         height, width, channels = pixels.shape
         if width % (patch * merge) or height % (patch * merge):
@@ -204,27 +220,35 @@ class PixelKernel:
         if channels != self.channels:
             raise ValueError(f"the kernel is for {self.channels} channels, got {channels}")
         grid_h, grid_w = height // patch, width // patch
-        count = grid_h * grid_w
-        per_band = grid_w * merge  # patch rows in one band of merge blocks
+        count, area = grid_h * grid_w, patch * patch
+        shape = (count, channels * temporal * area)
+        if out is None:
+            out = torch.empty(shape, dtype=torch.float32)
+        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous float32 tensor of shape {shape}")
+        rows = out.numpy().reshape(count, channels, temporal, area)
+        per_band = grid_w * merge  # patch rows in one row of merge blocks
+        step = max(1, ROWS_PER_CHUNK // per_band)  # rows of merge blocks per step
         blocks = pixels.reshape(
             grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels
         )
-        rows = np.empty((count, channels, temporal, patch * patch), dtype=np.float32)
 
         def fill(band: tuple[int, int]) -> None:
             lo, hi = band
-            # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
-            ordered = np.ascontiguousarray(blocks[lo:hi].transpose(0, 3, 1, 4, 6, 2, 5))
-            ordered = ordered.reshape(-1, channels, patch * patch)
-            out = rows[lo * per_band : hi * per_band]
-            scratch = np.empty((min(ROWS_PER_CHUNK, len(ordered)), *ordered.shape[1:]), np.float32)
-            for start in range(0, len(ordered), ROWS_PER_CHUNK):
-                stop = min(start + ROWS_PER_CHUNK, len(ordered))
-                values = scratch[: stop - start]
-                np.copyto(values, ordered[start:stop])
-                self.normalization.apply(values)
-                for frame in range(temporal):  # a still image repeated over the temporal patch
-                    out[start:stop, :, frame] = values
+            ordered = np.empty(
+                (step, grid_w // merge, merge, merge, channels, patch, patch), np.uint8
+            )
+            values = np.empty((step * per_band, channels, area), np.float32)
+            for first in range(lo, hi, step):
+                last = min(first + step, hi)
+                patches = ordered[: last - first]
+                # (bh, mh, ph, bw, mw, pw, C) -> (bh, bw, mh, mw, C, ph, pw): one row per patch
+                np.copyto(patches, blocks[first:last].transpose(0, 3, 1, 4, 6, 2, 5))
+                chunk = values[: (last - first) * per_band]
+                np.copyto(chunk, patches.reshape(chunk.shape))
+                self.normalization.apply(chunk)
+                # every temporal slot in one sequential write (a broadcast view, no copy)
+                np.copyto(rows[first * per_band : last * per_band], chunk[:, :, None, :])
 
         bands = grid_h // merge
         split = max(1, min(threads, bands))
@@ -235,9 +259,7 @@ class PixelKernel:
             with ThreadPoolExecutor(split, thread_name_prefix="pixels") as pool:
                 list(pool.map(fill, ranges))
         grid = torch.tensor([[1, grid_h, grid_w]], dtype=torch.long)
-        return ImageFeatures(
-            pixel_values=torch.from_numpy(rows.reshape(count, -1)), image_grid_thw=grid
-        )
+        return ImageFeatures(pixel_values=out, image_grid_thw=grid)
 
 
 def patchify(image_processor: Any, image: Image.Image) -> ImageFeatures:
@@ -305,10 +327,14 @@ def concat_features(features: Sequence[ImageFeatures]) -> dict[str, torch.Tensor
         only = features[0]
         return {"pixel_values": only.pixel_values, "image_grid_thw": only.image_grid_thw}
     # NumPy for the copy: torch.cat of megabytes enters torch's intra-op pool, which spins
-    # against the event loop and the other workers on a small machine (see ``patchify``).
-    pixels = np.concatenate([f.pixel_values.numpy() for f in features])
+    # against the event loop and the other workers on a small machine (see ``PixelKernel``);
+    # into a buffer from torch's allocator, not NumPy's (huge-page advice: see ``rows``).
+    arrays = [f.pixel_values.numpy() for f in features]
+    dtype = features[0].pixel_values.dtype
+    pixels = torch.empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), dtype=dtype)
+    np.concatenate(arrays, out=pixels.numpy())
     return {
-        "pixel_values": torch.from_numpy(pixels),
+        "pixel_values": pixels,
         "image_grid_thw": torch.cat([f.image_grid_thw for f in features]),
     }
 

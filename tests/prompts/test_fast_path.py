@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from areal.api.cli_args import GenerationHyperparameters
@@ -253,3 +254,47 @@ def test_pixel_rows_on_threads_are_the_same(
     ]
     without = pixels.image_features(image_processor, replace(image, source_url=None))
     assert keyed[0].content_key == keyed[1].content_key == without.content_key is not None
+
+
+def _every_value_image(factor: int) -> np.ndarray:
+    """A 2x3 grid of merge blocks whose channels each run through all 256 uint8 values, each
+    in its own order (so the channels of one pixel differ)."""
+    height, width = 3 * factor, 2 * factor
+    index = np.arange(height * width).reshape(height, width)
+    orders = ((1, 0), (7, 101), (255, 33))  # steps coprime to 256: every value, each channel
+    values = np.stack([(index * step + shift) % 256 for step, shift in orders], axis=-1)
+    return values.astype(np.uint8)
+
+
+@pytest.mark.parametrize("fixture", ["processor", "qwen25_processor", "rescale_only"])
+def test_rows_equal_the_image_processor_for_every_uint8_value(
+    request: pytest.FixtureRequest, fixture: str
+) -> None:
+    if fixture == "rescale_only":
+        from transformers import Qwen2VLImageProcessorFast
+
+        image_processor = Qwen2VLImageProcessorFast(patch_size=14, merge_size=2, do_normalize=False)
+    else:
+        image_processor = request.getfixturevalue(fixture).image_processor
+    kernel = pixels.PixelKernel.for_image_processor(image_processor)
+    assert kernel is not None
+    values = _every_value_image(image_processor.patch_size * image_processor.merge_size)
+    for channel in range(3):
+        assert np.unique(values[..., channel]).tolist() == list(range(256))
+    height, width = values.shape[:2]
+    image = PreparedImage(Image.fromarray(values, "RGB"), (width, height), (width, height))
+    theirs = pixels.compute_features(image_processor, image).pixel_values
+    assert theirs.dtype == torch.float32
+
+    def same_bits(mine: torch.Tensor) -> bool:
+        return mine.shape == theirs.shape and torch.equal(
+            mine.view(torch.int32), theirs.view(torch.int32)
+        )
+
+    for threads in (1, 2, 3):
+        assert same_bits(kernel.rows(values, threads).pixel_values)
+        poisoned = torch.full_like(theirs, float("nan"))  # every element must be written
+        written = kernel.rows(values, threads, out=poisoned).pixel_values
+        assert written is poisoned and same_bits(written)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        kernel.rows(values, out=torch.empty(theirs.shape, dtype=torch.float64))
