@@ -41,7 +41,10 @@ _CONFIG_ATTRS = (
     "do_normalize",
     "do_convert_rgb",
 )
-KERNEL_IMAGE_PROCESSORS = ("Qwen2VLImageProcessorFast",)
+KERNEL_IMAGE_PROCESSORS = ("Qwen2VLImageProcessorFast", "Qwen2VLImageProcessor")
+"""Image processors the kernel may reproduce (the probe in ``for_image_processor`` decides):
+transformers 5.3's ``Qwen2VLImageProcessorFast``; from transformers 5.17 the same processor is
+``Qwen2VLImageProcessor`` (a torchvision backend) and the ``Fast`` name is a deprecated alias."""
 
 
 @dataclass(frozen=True, slots=True)

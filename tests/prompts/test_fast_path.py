@@ -116,6 +116,20 @@ def test_kernel_only_for_known_image_processors(processor) -> None:
     assert pixels.kernel_matches(Qwen2VLImageProcessorFast(patch_size=16, merge_size=2))
 
 
+def test_kernel_for_the_processor_under_its_newer_name() -> None:
+    """transformers 5.17 names this processor ``Qwen2VLImageProcessor`` (``...Fast`` is a
+    deprecated alias there); under that name the kernel is still chosen when the probe
+    matches, and refused for transformers 5.3's slow processor of that name (its arithmetic
+    differs: the probe says so)."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLImageProcessorFast
+
+    renamed = type("Qwen2VLImageProcessor", (Qwen2VLImageProcessorFast,), {})
+    assert pixels.kernel_matches(renamed(patch_size=16, merge_size=2))
+    slow = Qwen2VLImageProcessor(patch_size=16, merge_size=2)
+    if not isinstance(slow, Qwen2VLImageProcessorFast):  # transformers 5.3: numpy backend
+        assert not pixels.kernel_matches(slow)
+
+
 async def test_prepare_image_does_the_per_screenshot_work(processor, make_png) -> None:
     builder = PromptBuilder(default_prompt_config("mai_ui"), processor)
     timings: dict[str, float] = {}

@@ -89,6 +89,12 @@ def test_cluster_config_rehearses_through_ppo_trainer(name: str, tmp_path: Path)
     done = [s for s in steps if s[1] == "completed"]
     assert [s[0] for s in done] == [0, 1], steps
     assert all(s[2] is not None for s in done), steps
+    # step 0 trains rows the first weights generated: the actor's recomputed log-probs (its
+    # screenshots sent across AReaL's process boundary compact, rollout/pixel_palette.py, and
+    # expanded in the actor) equal the engine's
+    (metrics,) = _rows(db, "select metrics_json from step where step = 0")
+    kl = {k: v for k, v in json.loads(metrics[0]).items() if "compute_logp/kl_div_direct" in k}
+    assert kl and max(abs(v) for v in kl.values()) <= 1e-5, kl
     # AReaL keeps generating ahead (max_head_offpolicyness): episodes made with the last
     # weights belong to a step that never trains. The training's end closes it, saying so,
     # and cancels its rollouts still running (those that finished first stay completed, a
