@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from bench.gpu.gpu_check import copy_bandwidth
+
 HIDDEN, MLP, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 2048, 6144, 16, 8, 128, 28, 151936
 SHAPES = {
     "q_proj": (HEADS * HEAD_DIM, HIDDEN),
@@ -84,21 +86,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rows, --repeat >= 1 and --replays >= 3")
     args.out.mkdir(parents=True, exist_ok=True)
     return args
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a device-to-device copy of 2 GiB (read + write counted)."""
-    src = torch.empty(2**30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    return float(2 * 10 * src.numel() / (start.elapsed_time(end) / 1e3))
 
 
 def time_way(way: Way, x: torch.Tensor, weights: list[torch.Tensor], replays: int) -> float:

@@ -624,6 +624,21 @@ def concurrent_turns(
     return figures
 
 
+def copy_bandwidth(device: torch.device, repeats: int = 20) -> float:
+    """Bytes/s of device-to-device copies of 1 GiB (read + write counted), after a warm-up."""
+    src = torch.empty(2**30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    stop.record()
+    stop.synchronize()
+    return float(2 * repeats * src.numel() / (start.elapsed_time(stop) / 1000))
+
+
 class HbmBound:
     """Decode tok/s if every step only read the text weights and the rows' KV once, at the
     device-to-device copy bandwidth measured here (bytes read + written)."""
@@ -645,20 +660,7 @@ class HbmBound:
                 weight_bytes += p.numel() * p.element_size()
         cfg = text.config
         kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-        bandwidth = float("nan")
-        if device.type == "cuda":
-            src = torch.empty(2**30, dtype=torch.uint8, device=device)
-            dst = torch.empty_like(src)
-            for _ in range(3):
-                dst.copy_(src)
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                dst.copy_(src)
-            stop.record()
-            stop.synchronize()
-            bandwidth = 2 * 20 * src.numel() / (start.elapsed_time(stop) / 1000)
-            del src, dst
+        bandwidth = copy_bandwidth(device) if device.type == "cuda" else float("nan")
         return cls(bandwidth, weight_bytes, kv_per_token, new_tokens)
 
     def tok_s(self, prompt_lengths: list[int]) -> float:

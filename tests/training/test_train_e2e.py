@@ -182,6 +182,8 @@ def test_cluster_plan_against_a_real_gym_server(
 
     workflow = import_from_string(WORKFLOW_PATH)(**plan.workflow_kwargs)
     assert workflow.config.gym.base_url == sim_server
+    # trained rows cross AReaL's process boundary compact; evaluation rows are never trained
+    assert workflow.compact_pixels and "compact_pixels" not in plan.eval_workflow_kwargs
     assert workflow.config.group_size == 8
     assert plan.eval_workflow_kwargs["config"]["group_size"] == loaded.cua.eval_episodes_per_task
     # evaluations sample at cua.eval_temperature, training at the agent's temperature
