@@ -576,19 +576,37 @@ async def _replays(gym: Gym, limit: float) -> bool:
 
 
 async def _start(gym: Gym, task: Task, limit: float) -> Execution:
-    """Create an execution; if cancelled meanwhile, wait for the creation and close what came."""
+    """Create an execution; if cancelled meanwhile, wait (shielded, within ``limit``) for the
+    creation and close what came before the cancellation propagates, so that a cancelled
+    episode has released its environment when it ends (past ``limit``, or on a second
+    cancellation, the close runs when the creation ends)."""
     creating = asyncio.ensure_future(gym.start(task))
     try:
         async with asyncio.timeout(limit):
             return await asyncio.shield(creating)
     except asyncio.CancelledError:
-        creating.add_done_callback(_close_orphan)
+        releasing = asyncio.ensure_future(_release_creation(creating, limit))
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled again: it runs on
+            await asyncio.shield(releasing)
         raise
     except TimeoutError as error:
         creating.add_done_callback(_close_orphan)
         raise InfraFailure(EndReason.CREATE, f"timed out after {limit:.1f}s") from error
     except Exception as error:
         raise InfraFailure(EndReason.CREATE, f"{type(error).__name__}: {error}") from error
+
+
+async def _release_creation(creating: asyncio.Future[Execution], limit: float) -> None:
+    """Close the execution ``creating`` brings, waiting for it at most ``limit`` (then the
+    close is left to the creation's end)."""
+    try:
+        execution = await asyncio.wait_for(asyncio.shield(creating), limit)
+    except TimeoutError:
+        creating.add_done_callback(_close_orphan)
+        return
+    except Exception:  # the creation failed: nothing to close
+        return
+    await close_execution(execution, limit)
 
 
 def _close_orphan(creating: asyncio.Future[Execution]) -> None:

@@ -315,3 +315,39 @@ async def test_non_finite_reward_rejects_the_episode_as_bad_reward(
     assert run.rejected and run.record.reject_reason == "bad_reward"
     assert rejected == ["bad_reward", "bad_reward"]
     assert (gym.started, gym.closed) == (2, 2)
+
+
+async def test_a_group_cancelled_while_creating_ends_after_closing_what_came(
+    processor, scripted_engine_factory, faulty_gym_factory
+) -> None:
+    """Cancelled while its executions are being created, a group waits for the creations and
+    closes them before its cancellation ends (no environment left behind to a callback)."""
+    config = AgentConfig(max_turns=3, group_size=3)
+    gym = faulty_gym_factory()
+    gate = asyncio.Event()
+    waiting: list[int] = []
+    create = gym.start
+
+    async def gated_start(task: Any, options: Any = None) -> Any:
+        waiting.append(1)
+        await gate.wait()
+        return await create(task, options)
+
+    gym.start = gated_start  # type: ignore[method-assign]
+    workflow = CUAAgentWorkflow(config, gym=gym, processor=processor)
+    engine = scripted_engine_factory(make_agent(config, processor).dialect, click_then_answer)
+    task = await _first_task(gym)
+    running = asyncio.create_task(workflow.arun_episode(engine, {"task": task.model_dump_json()}))
+    for _ in range(10_000):  # loop turns, not time: until all three creations wait
+        if len(waiting) == 3:
+            break
+        await asyncio.sleep(0)
+    assert len(waiting) == 3
+    running.cancel()
+    for _ in range(200):
+        await asyncio.sleep(0)
+    assert not running.done()  # still waiting for the creations it will close
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert gym.started == gym.closed == 3
