@@ -221,8 +221,7 @@ class InProcessEngine(InferenceEngine):
         self._failure: BaseException | None = None
         self._running_rows = 0
         self.decoder_kind = self._pick_decoder()
-        overlap = self.config.overlap_decode
-        self._overlap = self.device.type == "cuda" if overlap is None else overlap
+        self._overlap = self._on_cuda_unless(self.config.overlap_decode)
         self._inflight: InFlightStep[_Job] | None = None  # the worker's own
         self.vision_cache = (
             VisionCache(self.config.vision_cache_mb * 2**20)
@@ -232,6 +231,10 @@ class InProcessEngine(InferenceEngine):
         """Encoded images by content (``None``: off or not a Qwen3-VL-shaped model); the
         worker's own, read its counters only while no request runs."""
         self._hashing: ThreadPoolExecutor | None = None  # image keys' chunks, while running
+
+    def _on_cuda_unless(self, setting: bool | None) -> bool:
+        """A switch that is ``None`` (the default) is on where the engine runs on CUDA."""
+        return self.device.type == "cuda" if setting is None else setting
 
     def _pick_decoder(self) -> Literal["slots", "legacy"]:
         reason = unsupported_reason(self.model)
@@ -626,9 +629,7 @@ class InProcessEngine(InferenceEngine):
             self.config.decode_compile,
             self.vision_cache,
             None if self.config.kv_cache_gib is None else int(self.config.kv_cache_gib * 2**30),
-            self.device.type == "cuda"
-            if self.config.stack_projections is None
-            else self.config.stack_projections,
+            self._on_cuda_unless(self.config.stack_projections),
         )
 
     def _worker(self) -> None:
@@ -644,9 +645,13 @@ class InProcessEngine(InferenceEngine):
                     )
                     if stop:
                         break
-                    if op is not None or new_jobs or self._abort_running or self._gen_paused:
-                        active = self._drain(decoder, active)
-                    if any(j.cancelled for j in active):
+                    if (
+                        op is not None
+                        or new_jobs
+                        or self._abort_running
+                        or self._gen_paused
+                        or any(j.cancelled for j in active)
+                    ):  # anything but the next step: read the step in flight first
                         active = self._drain(decoder, active)
                     if op is not None:
                         self._run_op(op)
@@ -722,12 +727,9 @@ class InProcessEngine(InferenceEngine):
 
     def _advance_slots(self, decoder: SlotDecoder, active: list[_Job]) -> list[_Job]:
         """Continuous batching: prefill one group of waiting rows, or step every row."""
-        if any(job.needs_prefill for job in active):
-            active = self._drain(decoder, active)
-        elif self._overlap and all(batchable(job.params) for job in active):
+        if self._overlap and all(not job.needs_prefill and batchable(job.params) for job in active):
             return self._overlapped_step(decoder, active)
-        else:
-            active = self._drain(decoder, active)
+        active = self._drain(decoder, active)
         version = self.get_version()
         # shortest first: the median row's first token comes sooner, the total is the same
         waiting = sorted(
