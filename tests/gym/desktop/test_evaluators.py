@@ -42,11 +42,17 @@ def test_every_shipped_task_has_a_demonstration() -> None:
     assert sorted(DEMONSTRATIONS) == sorted(t.task_id for t in load_tasks(DEFAULT_TASK_FILE))
 
 
-def test_an_unsupported_metric_is_one_line_naming_the_task(tmp_path: Path) -> None:
+def _first_task_with_metric(tmp_path: Path, func: str) -> Path:
+    """A task file of the first shipped task, its evaluator's metric set to ``func``."""
     bad = json.loads(DEFAULT_TASK_FILE.read_text())[:1]
-    bad[0]["evaluator"]["func"] = "compare_table"
+    bad[0]["evaluator"]["func"] = func
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(bad))
+    return path
+
+
+def test_an_unsupported_metric_is_one_line_naming_the_task(tmp_path: Path) -> None:
+    path = _first_task_with_metric(tmp_path, "compare_table")
     with pytest.raises(TaskFileError, match="terminal_hello_file: metric 'compare_table'"):
         load_tasks(path)
 
@@ -93,9 +99,6 @@ async def test_infeasible_tasks_are_judged_by_the_final_action_alone() -> None:
 
 
 def test_an_infeasible_evaluator_takes_no_getters(tmp_path: Path) -> None:
-    bad = json.loads(DEFAULT_TASK_FILE.read_text())[:1]
-    bad[0]["evaluator"]["func"] = "infeasible"
-    path = tmp_path / "tasks.json"
-    path.write_text(json.dumps(bad))
+    path = _first_task_with_metric(tmp_path, "infeasible")
     with pytest.raises(TaskFileError, match="terminal_hello_file: an 'infeasible' evaluator"):
         load_tasks(path)
